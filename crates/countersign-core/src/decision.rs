@@ -1,0 +1,146 @@
+//! Deciding a request: who may, what the decision records, and the signed proof it yields.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::CoreError;
+use crate::event::Event;
+use crate::keys::Signer;
+use crate::principal::{Approver, Channel, Principal};
+use crate::proof::{AuthorizationType, Envelope, Statement};
+use crate::request::{ApprovalRequest, Limits, Status, Transition, validate_map};
+use crate::time::Timestamp;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Approved,
+    Rejected,
+}
+
+impl Verdict {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Verdict::Approved => "approved",
+            Verdict::Rejected => "rejected",
+        }
+    }
+
+    pub fn status(&self) -> Status {
+        match self {
+            Verdict::Approved => Status::Approved,
+            Verdict::Rejected => Status::Rejected,
+        }
+    }
+}
+
+impl std::str::FromStr for Verdict {
+    type Err = CoreError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "approved" | "approve" => Ok(Verdict::Approved),
+            "rejected" | "reject" => Ok(Verdict::Rejected),
+            other => Err(CoreError::invalid(
+                "decision",
+                format!("{other:?} is not \"approved\" or \"rejected\""),
+            )),
+        }
+    }
+}
+
+/// What the approver submits. Who they are comes from authentication, not from here.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct DecisionInput {
+    pub comment: Option<String>,
+    /// Structured reply fields (e.g. a PO number), carried into the signed proof.
+    pub fields: BTreeMap<String, String>,
+}
+
+/// A recorded decision.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Decision {
+    pub decision: Verdict,
+    pub authorization_type: AuthorizationType,
+    pub approvers: Vec<Approver>,
+    pub comment: Option<String>,
+    pub fields: BTreeMap<String, String>,
+    pub decided_at: Timestamp,
+    pub valid_until: Timestamp,
+    pub nonce: String,
+}
+
+/// Evidence that an approved action was carried out. Its presence consumes the approval.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionRecord {
+    pub tool: String,
+    pub details: BTreeMap<String, String>,
+    pub recorded_by: String,
+    pub recorded_at: Timestamp,
+}
+
+impl ApprovalRequest {
+    /// A human decision on this request, signed. Returns the next state of the request,
+    /// which carries the decision and its proof. `nonce` must be fresh randomness.
+    #[allow(clippy::too_many_arguments)]
+    pub fn decide(
+        &self,
+        verdict: Verdict,
+        input: DecisionInput,
+        by: &Principal,
+        channel: Channel,
+        now: Timestamp,
+        nonce: String,
+        signer: &Signer,
+        limits: &Limits,
+    ) -> Result<Transition, CoreError> {
+        if !by.role.may_decide() {
+            return Err(CoreError::Forbidden(format!(
+                "{} is an agent credential and may not decide requests",
+                by.id
+            )));
+        }
+        if let Some(err) = self.closed_error(now) {
+            return Err(err);
+        }
+        if by.id == self.requested_by.id {
+            return Err(CoreError::SelfApproval {
+                request_id: self.id.clone(),
+                principal: by.id.clone(),
+            });
+        }
+        let comment = match input.comment.map(|c| c.trim().to_string()) {
+            Some(c) if c.len() > limits.max_comment_bytes => {
+                return Err(CoreError::invalid(
+                    "comment",
+                    format!("longer than {} bytes", limits.max_comment_bytes),
+                ));
+            }
+            Some(c) if c.is_empty() => None,
+            other => other,
+        };
+        validate_map("fields", &input.fields, limits.max_fields, limits)?;
+        let decision = Decision {
+            decision: verdict,
+            authorization_type: AuthorizationType::Human,
+            approvers: vec![by.as_approver(channel)],
+            comment,
+            fields: input.fields,
+            decided_at: now,
+            valid_until: now.plus_seconds(self.valid_for_seconds),
+            nonce,
+        };
+        let statement = Statement::for_decision(self, &decision);
+        let proof = Envelope::sign_statement(&statement, signer);
+        Ok(Transition {
+            event: Event::decided(&self.id, &decision),
+            request: Self {
+                version: self.version + 1,
+                status: verdict.status(),
+                decision: Some(decision),
+                proof: Some(proof),
+                ..self.clone()
+            },
+        })
+    }
+}

@@ -1,0 +1,33 @@
+//! countersign's domain, with no I/O: approval requests and their state machine,
+//! decisions, the action digest, signed proofs (DSSE envelopes over Ed25519) and their
+//! verification, and the events every state change emits.
+//!
+//! Auditors can use this crate as a library to verify proofs offline: it needs nothing
+//! but the proof, the published keys (JWKS) and, optionally, the action.
+
+pub mod action;
+pub mod decision;
+pub mod error;
+pub mod event;
+pub mod keys;
+pub mod principal;
+pub mod proof;
+pub mod request;
+pub mod time;
+pub mod token;
+
+pub use action::{Action, ActionDigest};
+pub use decision::{ActionRecord, Decision, DecisionInput, Verdict};
+pub use error::CoreError;
+pub use event::{Event, EventBody};
+pub use keys::{Jwk, Jwks, Signer};
+pub use principal::{Approver, AuthMethod, Channel, Principal, Role};
+pub use proof::{
+    AuthorizationType, Envelope, Problem, ProblemCode, Statement, VerifyOptions, VerifyReport,
+};
+pub use request::{ApprovalRequest, Limits, NewRequest, RequestId, Status, Transition};
+pub use time::{Clock, FixedClock, SystemClock, Timestamp};
+pub use token::TokenRecord;
+
+#[cfg(test)]
+mod testutil;

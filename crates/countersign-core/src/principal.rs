@@ -1,0 +1,148 @@
+//! Who is acting: the authenticated principal behind a call, and how an approver is
+//! named in a proof. Identity always comes from authentication, never from an argument.
+
+use serde::{Deserialize, Serialize};
+
+/// What a credential may do. Agents ask; approvers decide; admins also manage credentials.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    Agent,
+    Approver,
+    Admin,
+}
+
+impl Role {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Role::Agent => "agent",
+            Role::Approver => "approver",
+            Role::Admin => "admin",
+        }
+    }
+
+    /// Whether this role may decide requests. Agents never may.
+    pub fn may_decide(&self) -> bool {
+        matches!(self, Role::Approver | Role::Admin)
+    }
+}
+
+impl std::str::FromStr for Role {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s {
+            "agent" => Ok(Role::Agent),
+            "approver" => Ok(Role::Approver),
+            "admin" => Ok(Role::Admin),
+            other => Err(format!(
+                "unknown role {other:?}: expected agent, approver or admin"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// How a principal proved who it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AuthMethod {
+    /// A countersign bearer token (`countersign token create`), checked by the server.
+    BearerToken,
+    /// A process on the server's machine with access to the data directory, named by its
+    /// operating-system user (the `countersign approve` command, a stdio MCP process).
+    LocalOsUser,
+}
+
+/// Where a decision was made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Channel {
+    /// The REST API.
+    Api,
+    /// An MCP client with the operator tools.
+    Mcp,
+    /// The `countersign approve|reject` command on the server's machine.
+    Cli,
+}
+
+impl Channel {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Channel::Api => "api",
+            Channel::Mcp => "mcp",
+            Channel::Cli => "cli",
+        }
+    }
+}
+
+/// An authenticated identity.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Principal {
+    /// Stable identifier, e.g. `token:deploy-bot` or `local:alice`.
+    pub id: String,
+    pub display_name: String,
+    pub role: Role,
+    pub auth_method: AuthMethod,
+}
+
+impl Principal {
+    /// A principal authenticated by a bearer token with the given name.
+    pub fn from_token(name: &str, role: Role) -> Self {
+        Self {
+            id: format!("token:{name}"),
+            display_name: name.to_string(),
+            role,
+            auth_method: AuthMethod::BearerToken,
+        }
+    }
+
+    /// A principal identified by the operating-system user running a local process.
+    pub fn local_user(user: &str, role: Role) -> Self {
+        Self {
+            id: format!("local:{user}"),
+            display_name: user.to_string(),
+            role,
+            auth_method: AuthMethod::LocalOsUser,
+        }
+    }
+
+    /// This principal as the approver of a decision made through `channel`.
+    pub fn as_approver(&self, channel: Channel) -> Approver {
+        Approver {
+            id: self.id.clone(),
+            display_name: self.display_name.clone(),
+            channel,
+            auth_method: self.auth_method,
+        }
+    }
+
+    pub fn as_requester(&self) -> Requester {
+        Requester {
+            id: self.id.clone(),
+            display_name: self.display_name.clone(),
+            auth_method: self.auth_method,
+        }
+    }
+}
+
+/// Who asked, as recorded on the request and in its proof.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Requester {
+    pub id: String,
+    pub display_name: String,
+    pub auth_method: AuthMethod,
+}
+
+/// Who decided, as recorded in a proof.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Approver {
+    pub id: String,
+    pub display_name: String,
+    pub channel: Channel,
+    pub auth_method: AuthMethod,
+}

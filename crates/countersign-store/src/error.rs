@@ -1,0 +1,25 @@
+use countersign_core::ApprovalRequest;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("{what} {id} not found")]
+    NotFound { what: &'static str, id: String },
+
+    /// The request changed since it was read: another writer won the race.
+    #[error("request {} changed concurrently (now version {}, {})", .current.id, .current.version, .current.status)]
+    VersionConflict { current: Box<ApprovalRequest> },
+
+    #[error("{0} already exists")]
+    Duplicate(String),
+
+    /// The database is busy or unreachable; the operation may be retried.
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
+
+    /// Stored data could not be read back: a bug or outside tampering.
+    #[error("stored data is corrupt: {0}")]
+    Corrupt(String),
+
+    #[error("database error: {0}")]
+    Backend(String),
+}

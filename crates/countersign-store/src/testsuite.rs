@@ -1,0 +1,1 @@
+//! The test suite every backend must pass. Placeholder: filled in with the SQLite backend.
