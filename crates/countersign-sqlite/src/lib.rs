@@ -1,14 +1,249 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! countersign's embedded storage: one SQLite file, safe to share between processes
+//! (several `countersign mcp` stdio processes beside one `countersign serve`).
+//!
+//! - WAL mode with `synchronous = FULL`: every acknowledged write survives a crash or a
+//!   power cut, and readers never wait for the writer.
+//! - One writer thread per process commits jobs in groups (`writer.rs`), so durability
+//!   costs one fsync per batch rather than per write.
+//! - Writes take SQLite's write lock up front (`BEGIN IMMEDIATE`) and wait for other
+//!   processes through a busy timeout rather than failing.
+//! - Reads run on a small pool of read-only connections (`readers.rs`).
+
+mod error;
+mod events;
+mod readers;
+mod requests;
+mod schema;
+mod tokens;
+mod writer;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use countersign_core::{ApprovalRequest, Event, Timestamp, TokenRecord, Transition};
+use countersign_store::{Created, RequestQuery, Store, StoreError, StoredEvent};
+
+use crate::error::db_err;
+use crate::events::EventRow;
+use crate::readers::Readers;
+use crate::requests::{Inserted, TransitionRow};
+use crate::writer::Writer;
+
+pub use crate::schema::SCHEMA_VERSION;
+pub use crate::writer::WriterStats;
+
+/// How to open the database. The defaults suit every deployment we know of.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// How long a write waits for another process's write lock before failing with
+    /// [`StoreError::Unavailable`].
+    pub busy_timeout: Duration,
+    /// Read-only connections in the pool.
+    pub readers: usize,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            busy_timeout: Duration::from_secs(5),
+            readers: 4,
+        }
+    }
+}
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+/// The connection settings in force on the write connection, as SQLite reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pragmas {
+    pub journal_mode: String,
+    /// 0 = OFF, 1 = NORMAL, 2 = FULL, 3 = EXTRA.
+    pub synchronous: i64,
+    pub foreign_keys: bool,
+    pub busy_timeout_ms: i64,
+    pub schema_version: i64,
+}
+
+/// The SQLite store. Cheap to share behind an `Arc`; dropping the last handle stops the
+/// writer thread once its queued writes are done.
+pub struct SqliteStore {
+    path: PathBuf,
+    writer: Writer,
+    readers: Arc<Readers>,
+}
+
+impl SqliteStore {
+    /// Opens (creating if needed, with its parent directories) the database at `path`
+    /// and brings its schema up to date.
+    pub fn open(path: &Path) -> Result<Self, StoreError> {
+        Self::open_with(path, &Options::default())
+    }
+
+    pub fn open_with(path: &Path, options: &Options) -> Result<Self, StoreError> {
+        schema::create_file(path)?;
+        let conn = schema::open_writer(path, options.busy_timeout)?;
+        let readers = Readers::open(path.to_path_buf(), options.readers, options.busy_timeout)?;
+        let writer = Writer::start(conn, path)?;
+        Ok(Self {
+            path: path.to_path_buf(),
+            writer,
+            readers,
+        })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// How many transactions the writer ran and how many jobs they carried.
+    pub fn writer_stats(&self) -> WriterStats {
+        self.writer.stats()
+    }
+
+    /// The settings of the write connection, for `doctor` output and tests.
+    pub async fn pragmas(&self) -> Result<Pragmas, StoreError> {
+        self.writer
+            .submit(|conn| {
+                let int = |name: &str| {
+                    conn.query_row(&format!("PRAGMA {name}"), [], |r| r.get::<_, i64>(0))
+                        .map_err(db_err("read the connection settings"))
+                };
+                Ok(Pragmas {
+                    journal_mode: conn
+                        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+                        .map_err(db_err("read the connection settings"))?,
+                    synchronous: int("synchronous")?,
+                    foreign_keys: int("foreign_keys")? == 1,
+                    busy_timeout_ms: int("busy_timeout")?,
+                    schema_version: int("user_version")?,
+                })
+            })
+            .await
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    async fn create_request(&self, transition: &Transition) -> Result<Created, StoreError> {
+        let row = TransitionRow::of(transition)?;
+        match self
+            .writer
+            .submit(move |conn| requests::insert(conn, &row))
+            .await?
+        {
+            Inserted::New => Ok(Created::New(transition.request.clone())),
+            Inserted::Existing(existing) => Ok(Created::Existing(*existing)),
+        }
+    }
+
+    async fn get_request(&self, id: &str) -> Result<Option<ApprovalRequest>, StoreError> {
+        let id = id.to_string();
+        self.readers.run(move |conn| requests::get(conn, &id)).await
+    }
+
+    async fn apply(&self, transition: &Transition) -> Result<(), StoreError> {
+        let row = TransitionRow::of(transition)?;
+        self.writer
+            .submit(move |conn| requests::apply(conn, &row))
+            .await
+    }
+
+    async fn list_requests(
+        &self,
+        query: &RequestQuery,
+    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        let query = query.clone();
+        self.readers
+            .run(move |conn| requests::list(conn, &query))
+            .await
+    }
+
+    async fn due_for_expiry(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        self.readers
+            .run(move |conn| requests::due_for_expiry(conn, now, limit))
+            .await
+    }
+
+    async fn next_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+        self.readers.run(requests::next_expiry).await
+    }
+
+    async fn create_token(&self, token: &TokenRecord, event: &Event) -> Result<(), StoreError> {
+        let token = token.clone();
+        let event = EventRow::of(event);
+        self.writer
+            .submit(move |conn| tokens::insert(conn, &token, &event))
+            .await
+    }
+
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError> {
+        let hash = hash.to_string();
+        self.readers
+            .run(move |conn| tokens::by_hash(conn, &hash))
+            .await
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        self.readers.run(tokens::list).await
+    }
+
+    async fn revoke_token(
+        &self,
+        id: &str,
+        at: Timestamp,
+        event: &Event,
+    ) -> Result<TokenRecord, StoreError> {
+        let id = id.to_string();
+        let event = EventRow::of(event);
+        self.writer
+            .submit(move |conn| tokens::revoke(conn, &id, at, &event))
+            .await
+    }
+
+    async fn events_after(&self, after: u64, limit: usize) -> Result<Vec<StoredEvent>, StoreError> {
+        self.readers
+            .run(move |conn| events::after(conn, after, limit))
+            .await
+    }
+
+    async fn last_event_seq(&self) -> Result<u64, StoreError> {
+        self.readers.run(events::last_seq).await
+    }
+
+    async fn check(&self) -> Result<(), StoreError> {
+        let path = self.path.display().to_string();
+        // SQLite keeps working on a file deleted under it, silently losing everything
+        // written from then on; say so instead.
+        if let Err(err) = std::fs::metadata(&self.path) {
+            return Err(StoreError::Unavailable(format!(
+                "the database file {path} is gone: {err}"
+            )));
+        }
+        if !self.writer.is_running() {
+            return Err(self.writer.stopped());
+        }
+        self.readers
+            .run(|conn| {
+                conn.query_row("SELECT max(seq) FROM events", [], |r| {
+                    r.get::<_, Option<i64>>(0)
+                })
+                .map_err(db_err("read from the database"))
+            })
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("{path} cannot be read: {e}")))?;
+        // A job takes the write lock (BEGIN IMMEDIATE) and commits: the writer is alive
+        // and no other process holds the lock for longer than the busy timeout.
+        self.writer
+            .submit(|conn| {
+                conn.query_row("PRAGMA user_version", [], |r| r.get::<_, i64>(0))
+                    .map_err(db_err("write to the database"))
+            })
+            .await
+            .map_err(|e| StoreError::Unavailable(format!("{path} cannot be written: {e}")))?;
+        Ok(())
     }
 }

@@ -1,6 +1,8 @@
 use countersign_core::ApprovalRequest;
 
-#[derive(Debug, thiserror::Error)]
+/// Cloneable so that one failure (a commit that did not happen) can be reported to every
+/// caller whose write it carried.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum StoreError {
     #[error("{what} {id} not found")]
     NotFound { what: &'static str, id: String },

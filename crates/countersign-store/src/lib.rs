@@ -28,7 +28,7 @@ pub enum Created {
     Existing(ApprovalRequest),
 }
 
-/// Which requests to list, newest first.
+/// Which requests to list, newest first: by `requested_at`, then by id, both descending.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RequestQuery {
     pub status: Option<Status>,
@@ -70,11 +70,13 @@ pub trait Store: Send + Sync + 'static {
     /// loser of a race learns what won.
     async fn apply(&self, transition: &Transition) -> Result<(), StoreError>;
 
-    /// Requests matching `query`, newest first.
+    /// Requests matching `query`, newest first (`requested_at` descending, then id
+    /// descending), at most `query.limit`.
     async fn list_requests(&self, query: &RequestQuery)
     -> Result<Vec<ApprovalRequest>, StoreError>;
 
-    /// Pending requests whose `expires_at` is at or before `now`, oldest first.
+    /// Pending requests whose `expires_at` is at or before `now`, the earliest expiry
+    /// first (then by id).
     async fn due_for_expiry(
         &self,
         now: Timestamp,
@@ -91,11 +93,12 @@ pub trait Store: Send + Sync + 'static {
     /// The token whose hash is `hash`, revoked or not.
     async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError>;
 
-    /// All tokens, oldest first.
+    /// All tokens, oldest first (by `created_at`, then id).
     async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError>;
 
     /// Marks the token revoked at `at` with its event. Fails with
-    /// [`StoreError::NotFound`] for an unknown id; revoking twice is an error too.
+    /// [`StoreError::NotFound`] for an unknown id, and with [`StoreError::Duplicate`]
+    /// (writing nothing) if it is already revoked.
     async fn revoke_token(
         &self,
         id: &str,

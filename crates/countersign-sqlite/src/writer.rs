@@ -1,0 +1,353 @@
+//! The writer: one thread owns the only write connection and commits jobs in groups.
+//!
+//! With `synchronous = FULL` each commit costs an fsync, which caps a one-commit-per-write
+//! design at the disk's fsync rate (often a few hundred a second). So the thread takes one job, drains whatever
+//! else is queued (up to [`MAX_BATCH`]), and runs them all in one `BEGIN IMMEDIATE …
+//! COMMIT`, each inside its own savepoint: a job that fails rolls back to its savepoint
+//! and gets its own error while the others still commit. Replies are sent only after the
+//! COMMIT, so an `Ok` always means durable; if the COMMIT fails, every job in the batch
+//! gets an error.
+//!
+//! One writer per process also means jobs never contend for SQLite's write lock among
+//! themselves; other processes on the same file wait on it through the busy timeout.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use countersign_store::StoreError;
+use rusqlite::Connection;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::db_err;
+
+/// The most jobs one transaction carries: enough to amortize an fsync over many writes,
+/// few enough that one batch never holds the write lock for long.
+const MAX_BATCH: usize = 256;
+
+/// Jobs waiting for the writer; callers beyond this wait to enqueue (backpressure).
+const QUEUE: usize = 4096;
+
+/// Work for the writer thread, type-erased so that one queue carries every kind of write.
+trait WriteJob: Send {
+    /// Runs inside the batch's transaction; returns whether the job succeeded, i.e.
+    /// whether its writes should stay.
+    fn run(&mut self, conn: &Connection) -> bool;
+
+    /// Replies to the caller once the batch's fate is known: `Ok(())` if it committed.
+    fn finish(self: Box<Self>, committed: Result<(), StoreError>);
+}
+
+struct Pending<T, F> {
+    work: Option<F>,
+    result: Option<Result<T, StoreError>>,
+    reply: oneshot::Sender<Result<T, StoreError>>,
+}
+
+impl<T, F> WriteJob for Pending<T, F>
+where
+    T: Send,
+    F: FnOnce(&Connection) -> Result<T, StoreError> + Send,
+{
+    fn run(&mut self, conn: &Connection) -> bool {
+        let Some(work) = self.work.take() else {
+            return false;
+        };
+        let result = work(conn);
+        let ok = result.is_ok();
+        self.result = Some(result);
+        ok
+    }
+
+    fn finish(self: Box<Self>, committed: Result<(), StoreError>) {
+        let reply = match (self.result, committed) {
+            // The job's own failure says more than the batch's, and it wrote nothing
+            // either way.
+            (Some(Err(own)), _) => Err(own),
+            (Some(Ok(_)), Err(batch)) | (None, Err(batch)) => Err(batch),
+            (Some(Ok(value)), Ok(())) => Ok(value),
+            (None, Ok(())) => Err(StoreError::Backend(
+                "internal error: a write job was committed without being run".into(),
+            )),
+        };
+        // The caller may have stopped waiting; its write is durable all the same.
+        let _ = self.reply.send(reply);
+    }
+}
+
+/// Counters for tests, benchmarks and health output.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct WriterStats {
+    /// Transactions attempted (one per batch).
+    pub batches: u64,
+    /// Jobs run, successful or not.
+    pub jobs: u64,
+    /// The most jobs one transaction carried.
+    pub largest_batch: u64,
+    /// Jobs waiting for the writer right now.
+    pub queued: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    batches: AtomicU64,
+    jobs: AtomicU64,
+    largest_batch: AtomicU64,
+}
+
+pub(crate) struct Writer {
+    jobs: mpsc::Sender<Box<dyn WriteJob>>,
+    counters: Arc<Counters>,
+    path: PathBuf,
+}
+
+impl Writer {
+    /// Starts the writer thread, which owns `conn` until the last `Writer` handle drops.
+    pub(crate) fn start(conn: Connection, path: &Path) -> Result<Self, StoreError> {
+        let (tx, rx) = mpsc::channel(QUEUE);
+        let counters = Arc::new(Counters::default());
+        let thread_counters = counters.clone();
+        std::thread::Builder::new()
+            .name("countersign-sqlite-writer".into())
+            .spawn(move || run(conn, rx, &thread_counters))
+            .map_err(|e| {
+                StoreError::Backend(format!("could not start the SQLite writer thread: {e}"))
+            })?;
+        Ok(Self {
+            jobs: tx,
+            counters,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Runs `work` in the next batch and returns its result once the batch committed.
+    /// If the caller stops waiting, the write still happens.
+    pub(crate) async fn submit<T, F>(&self, work: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let job = Box::new(Pending {
+            work: Some(work),
+            result: None,
+            reply,
+        });
+        self.jobs.send(job).await.map_err(|_| self.stopped())?;
+        answer.await.map_err(|_| self.stopped())?
+    }
+
+    /// Whether the writer thread is still taking jobs.
+    pub(crate) fn is_running(&self) -> bool {
+        !self.jobs.is_closed()
+    }
+
+    pub(crate) fn stats(&self) -> WriterStats {
+        WriterStats {
+            batches: self.counters.batches.load(Ordering::Relaxed),
+            jobs: self.counters.jobs.load(Ordering::Relaxed),
+            largest_batch: self.counters.largest_batch.load(Ordering::Relaxed),
+            queued: (self.jobs.max_capacity() - self.jobs.capacity()) as u64,
+        }
+    }
+
+    pub(crate) fn stopped(&self) -> StoreError {
+        StoreError::Unavailable(format!(
+            "the SQLite writer thread for {} has stopped",
+            self.path.display()
+        ))
+    }
+}
+
+fn run(conn: Connection, mut queue: mpsc::Receiver<Box<dyn WriteJob>>, counters: &Counters) {
+    let mut batch: Vec<Box<dyn WriteJob>> = Vec::with_capacity(MAX_BATCH);
+    // Ends when every sender is gone, i.e. the store was dropped; queued jobs finish first.
+    while let Some(first) = queue.blocking_recv() {
+        batch.push(first);
+        while batch.len() < MAX_BATCH {
+            match queue.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        counters.batches.fetch_add(1, Ordering::Relaxed);
+        counters
+            .jobs
+            .fetch_add(batch.len() as u64, Ordering::Relaxed);
+        counters
+            .largest_batch
+            .fetch_max(batch.len() as u64, Ordering::Relaxed);
+
+        let committed = commit_batch(&conn, &mut batch);
+        if let Err(err) = &committed {
+            tracing::warn!(%err, jobs = batch.len(), "a write batch did not commit");
+        }
+        for job in batch.drain(..) {
+            job.finish(committed.clone());
+        }
+    }
+}
+
+fn commit_batch(conn: &Connection, batch: &mut [Box<dyn WriteJob>]) -> Result<(), StoreError> {
+    conn.execute_batch("BEGIN IMMEDIATE")
+        .map_err(db_err("begin a write transaction"))?;
+    let result = batch
+        .iter_mut()
+        .try_for_each(|job| run_in_savepoint(conn, job.as_mut()))
+        .and_then(|()| conn.execute_batch("COMMIT").map_err(db_err("commit")));
+    if result.is_err() && !conn.is_autocommit() {
+        // Nothing of this batch may survive a failed commit or a broken savepoint, and
+        // the next batch must start clean.
+        let _ = conn.execute_batch("ROLLBACK");
+    }
+    result
+}
+
+fn run_in_savepoint(conn: &Connection, job: &mut dyn WriteJob) -> Result<(), StoreError> {
+    conn.execute_batch("SAVEPOINT job")
+        .map_err(db_err("open a savepoint"))?;
+    if job.run(conn) {
+        conn.execute_batch("RELEASE job")
+            .map_err(db_err("release a savepoint"))
+    } else {
+        conn.execute_batch("ROLLBACK TO job; RELEASE job")
+            .map_err(db_err("roll back a failed write"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::schema::{create_file, open_writer};
+
+    fn writer() -> (Arc<Writer>, tempfile::TempDir) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("w.db");
+        create_file(&path).unwrap();
+        let conn = open_writer(&path, Duration::from_secs(5)).unwrap();
+        (Arc::new(Writer::start(conn, &path).unwrap()), dir)
+    }
+
+    /// Inserts an event row with the store's own numbering; `request_id` must exist
+    /// unless foreign keys are deferred.
+    fn append(conn: &Connection, request_id: Option<&str>) -> Result<i64, StoreError> {
+        conn.query_row(
+            "INSERT INTO events (seq, at, kind, request_id, bytes)
+             SELECT coalesce(max(seq), 0) + 1, 0, 'test', ?1, x'' FROM events RETURNING seq",
+            [request_id],
+            |r| r.get(0),
+        )
+        .map_err(db_err("append"))
+    }
+
+    fn count(conn: &Connection) -> Result<i64, StoreError> {
+        conn.query_row("SELECT count(*) FROM events", [], |r| r.get(0))
+            .map_err(db_err("count"))
+    }
+
+    type TestJob<T> = Box<dyn FnOnce(&Connection) -> Result<T, StoreError> + Send>;
+
+    /// Holds the writer busy until the jobs, submitted in the order given, are all queued,
+    /// so that they form one batch.
+    async fn in_one_batch<T: Send + 'static>(
+        writer: &Arc<Writer>,
+        jobs: Vec<TestJob<T>>,
+    ) -> Vec<Result<T, StoreError>> {
+        let before = writer.stats();
+        let (release, released) = std::sync::mpsc::channel::<()>();
+        let blocker = tokio::spawn({
+            let writer = writer.clone();
+            async move {
+                writer
+                    .submit(move |_| {
+                        let _ = released.recv_timeout(Duration::from_secs(10));
+                        Ok(())
+                    })
+                    .await
+            }
+        });
+        // The writer has taken the blocker: from now on, jobs queue.
+        wait_until(|| writer.stats().jobs == before.jobs + 1).await;
+        let mut handles = Vec::new();
+        for (n, job) in jobs.into_iter().enumerate() {
+            let writer2 = writer.clone();
+            handles.push(tokio::spawn(async move { writer2.submit(job).await }));
+            wait_until(|| writer.stats().queued == n as u64 + 1).await;
+        }
+        release.send(()).unwrap();
+        blocker.await.unwrap().unwrap();
+        let mut results = Vec::new();
+        for handle in handles {
+            results.push(handle.await.unwrap());
+        }
+        assert_eq!(
+            writer.stats().batches,
+            before.batches + 2,
+            "blocker, then one batch"
+        );
+        results
+    }
+
+    async fn wait_until(condition: impl Fn() -> bool) {
+        for _ in 0..1000 {
+            if condition() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        panic!("timed out waiting");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_job_is_rolled_back_alone_and_burns_no_number() {
+        let (writer, _dir) = writer();
+        let results = in_one_batch(
+            &writer,
+            vec![
+                Box::new(|conn: &Connection| append(conn, None)),
+                Box::new(|conn: &Connection| {
+                    append(conn, None)?;
+                    Err(StoreError::Backend("job two fails after writing".into()))
+                }),
+                Box::new(|conn: &Connection| append(conn, None)),
+            ],
+        )
+        .await;
+        assert_eq!(results[0].as_ref().unwrap(), &1);
+        assert!(matches!(&results[1], Err(StoreError::Backend(m)) if m.contains("job two")));
+        assert_eq!(
+            results[2].as_ref().unwrap(),
+            &2,
+            "no hole where job two was"
+        );
+        assert_eq!(writer.submit(count).await.unwrap(), 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failed_commit_fails_every_job_in_the_batch() {
+        let (writer, _dir) = writer();
+        // A deferred foreign key violation surfaces only at COMMIT.
+        let results = in_one_batch(
+            &writer,
+            vec![
+                Box::new(|conn: &Connection| append(conn, None)),
+                Box::new(|conn: &Connection| {
+                    conn.execute_batch("PRAGMA defer_foreign_keys = ON")
+                        .map_err(db_err("defer"))?;
+                    append(conn, Some("req_missing"))
+                }),
+                Box::new(|conn: &Connection| append(conn, None)),
+            ],
+        )
+        .await;
+        for result in &results {
+            let err = result.as_ref().unwrap_err();
+            assert!(err.to_string().contains("commit"), "{err}");
+        }
+        assert_eq!(writer.submit(count).await.unwrap(), 0, "nothing committed");
+        // The next batch starts clean.
+        assert_eq!(writer.submit(|c| append(c, None)).await.unwrap(), 1);
+    }
+}

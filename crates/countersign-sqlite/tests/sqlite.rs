@@ -1,0 +1,500 @@
+//! The SQLite backend: the cross-backend suite, plus what only a file on disk shared by
+//! several processes can show (durability, permissions, group commit, locking).
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use countersign_core::{Status, Verdict};
+use countersign_sqlite::{Options, SCHEMA_VERSION, SqliteStore};
+use countersign_store::testsuite::{
+    agent, approver, at, decide, new_request, token, token_revoked,
+};
+use countersign_store::{ChangeFeed, Created, RequestQuery, Store, StoreError, StoredEvent};
+use tempfile::TempDir;
+use tokio::task::JoinSet;
+
+fn db_path(dir: &TempDir) -> PathBuf {
+    // A missing subdirectory, so that `open` has to create it.
+    dir.path().join("data").join("countersign.db")
+}
+
+async fn fresh() -> (Arc<dyn Store>, TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&db_path(&dir)).unwrap();
+    (Arc::new(store), dir)
+}
+
+mod suite {
+    use super::fresh;
+
+    countersign_store::store_test_suite!(fresh());
+}
+
+async fn all_events(store: &dyn Store) -> Vec<StoredEvent> {
+    store.events_after(0, 100_000).await.unwrap()
+}
+
+fn assert_gap_free(events: &[StoredEvent]) {
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>());
+}
+
+#[cfg(unix)]
+fn mode(path: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+}
+
+/// Holds SQLite's write lock from outside the store, as another process would.
+fn lock_database(path: &Path) -> rusqlite::Connection {
+    let conn = rusqlite::Connection::open(path).unwrap();
+    conn.execute_batch("BEGIN IMMEDIATE").unwrap();
+    conn
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn everything_survives_reopening_and_settings_are_durable() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = SqliteStore::open(&path).unwrap();
+
+    let pragmas = store.pragmas().await.unwrap();
+    assert_eq!(pragmas.journal_mode, "wal");
+    assert_eq!(pragmas.synchronous, 2, "synchronous = FULL");
+    assert!(pragmas.foreign_keys);
+    assert_eq!(pragmas.busy_timeout_ms, 5000);
+    assert_eq!(pragmas.schema_version, SCHEMA_VERSION);
+
+    let created = new_request("req_keep", &agent("deploy-bot"), 0, 3600, Some("k"));
+    store.create_request(&created).await.unwrap();
+    let decided = decide(
+        &created.request,
+        Verdict::Approved,
+        &approver("alice"),
+        5,
+        "n",
+    );
+    store.apply(&decided).await.unwrap();
+    let (tok, tok_event) = token("tok_keep", "alice", "hash-keep", 1);
+    store.create_token(&tok, &tok_event).await.unwrap();
+    let revoked = store
+        .revoke_token("tok_keep", at(9), &token_revoked(&tok, 9))
+        .await
+        .unwrap();
+    let events = all_events(&store).await;
+    assert_eq!(events.len(), 4);
+
+    #[cfg(unix)]
+    {
+        assert_eq!(mode(&path), 0o600, "the database is private to its owner");
+        assert_eq!(mode(&path.with_extension("db-wal")), 0o600);
+        assert_eq!(mode(&path.with_extension("db-shm")), 0o600);
+        assert_eq!(mode(path.parent().unwrap()), 0o700);
+    }
+    drop(store);
+
+    // WAL mode is a property of the file, seen by any connection.
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    let journal: String = raw
+        .query_row("PRAGMA journal_mode", [], |r| r.get(0))
+        .unwrap();
+    assert_eq!(journal, "wal");
+    drop(raw);
+
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(
+        store.get_request("req_keep").await.unwrap(),
+        Some(decided.request.clone())
+    );
+    assert_eq!(store.list_tokens().await.unwrap(), vec![revoked]);
+    assert_eq!(all_events(&store).await, events);
+    // The idempotency key still holds, and numbering carries on.
+    let retry = new_request("req_retry", &agent("deploy-bot"), 10, 3600, Some("k"));
+    assert_eq!(
+        store.create_request(&retry).await.unwrap(),
+        Created::Existing(decided.request)
+    );
+    let next = new_request("req_next", &agent("deploy-bot"), 11, 3600, None);
+    store.create_request(&next).await.unwrap();
+    assert_eq!(store.last_event_seq().await.unwrap(), 5);
+    store.check().await.unwrap();
+}
+
+/// Two stores on one file, as `countersign serve` and a `countersign mcp` process are.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_stores_on_one_file_agree() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let a: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+    let b: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+
+    // First decision wins across both.
+    let created = new_request("req_both", &agent("deploy-bot"), 0, 3600, None);
+    a.create_request(&created).await.unwrap();
+    let mut tasks = JoinSet::new();
+    for i in 0..10 {
+        for (name, store) in [("a", &a), ("b", &b)] {
+            let store = store.clone();
+            let transition = decide(
+                &created.request,
+                Verdict::Approved,
+                &approver(&format!("approver-{name}-{i}")),
+                5,
+                &format!("nonce-{name}-{i}"),
+            );
+            tasks.spawn(async move { store.apply(&transition).await });
+        }
+    }
+    let results = tasks.join_all().await;
+    assert_eq!(results.iter().filter(|r| r.is_ok()).count(), 1);
+    assert!(
+        results
+            .iter()
+            .all(|r| matches!(r, Ok(()) | Err(StoreError::VersionConflict { .. })))
+    );
+
+    // Writes through both interleave into one gap-free sequence.
+    let mut tasks = JoinSet::new();
+    for i in 0..40 {
+        let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+        let transition = new_request(&format!("req_{i:02}"), &agent("bot"), i, 3600, None);
+        tasks.spawn(async move { store.create_request(&transition).await });
+    }
+    assert!(tasks.join_all().await.iter().all(Result::is_ok));
+    let events = all_events(&*b).await;
+    assert_gap_free(&events);
+    assert_eq!(events.len(), 1 + 1 + 40);
+    assert_eq!(all_events(&*a).await, events);
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.event.kind() == "request_decided")
+            .count(),
+        1
+    );
+
+    // B's change feed sees a change made through A by polling alone: nothing pokes it.
+    let watched = new_request("req_feed", &agent("bot"), 50, 3600, None);
+    a.create_request(&watched).await.unwrap();
+    let feed = ChangeFeed::start(b.clone(), Duration::from_millis(100))
+        .await
+        .unwrap();
+    let mut watch = feed.watch("req_feed");
+    let cancelled = watched.request.cancel(&agent("bot"), at(51)).unwrap();
+    let started = std::time::Instant::now();
+    a.apply(&cancelled).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(5), watch.changed())
+        .await
+        .expect("B's feed sees A's write");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "seen within a few poll intervals, took {:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_writes_share_commits() {
+    let (store, _dir) = fresh_sqlite();
+    let mut tasks = JoinSet::new();
+    for i in 0..500 {
+        let store = store.clone();
+        let transition = new_request(&format!("req_{i:03}"), &agent("bot"), i, 3600, None);
+        tasks.spawn(async move { store.create_request(&transition).await });
+    }
+    let results = tasks.join_all().await;
+    assert!(results.iter().all(|r| matches!(r, Ok(Created::New(_)))));
+
+    let listed = store
+        .list_requests(&RequestQuery {
+            limit: 1000,
+            ..RequestQuery::default()
+        })
+        .await
+        .unwrap();
+    assert_eq!(listed.len(), 500);
+    let events = all_events(&*store).await;
+    assert_eq!(events.len(), 500);
+    assert_gap_free(&events);
+
+    let stats = store.writer_stats();
+    assert_eq!(stats.jobs, 500);
+    assert!(
+        stats.batches < stats.jobs && stats.largest_batch > 1,
+        "writes queued together commit together: {stats:?}"
+    );
+}
+
+async fn wait_until(condition: impl Fn() -> bool) {
+    for _ in 0..1000 {
+        if condition() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("timed out waiting");
+}
+
+fn fresh_sqlite() -> (Arc<SqliteStore>, TempDir) {
+    let dir = tempfile::tempdir().unwrap();
+    let store = SqliteStore::open(&db_path(&dir)).unwrap();
+    (Arc::new(store), dir)
+}
+
+/// One failing job in a batch rolls back alone; the rest of its batch commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_job_does_not_sink_its_batch() {
+    let (store, dir) = fresh_sqlite();
+    let (existing, event) = token("tok_00", "existing", "hash-taken", 0);
+    store.create_token(&existing, &event).await.unwrap();
+
+    // With the write lock held elsewhere, the writer blocks on its first job's batch, and
+    // every later job queues up behind it to form the next batch.
+    let lock = lock_database(&db_path(&dir));
+    let mut tasks = JoinSet::new();
+    for i in 1..=10 {
+        let hash = if i == 5 {
+            "hash-taken".to_string()
+        } else {
+            format!("hash-{i}")
+        };
+        let (record, event) = token(&format!("tok_{i:02}"), &format!("t{i}"), &hash, i);
+        let writer = store.clone();
+        tasks.spawn(async move { (i, writer.create_token(&record, &event).await) });
+        // Enqueue in order, so that the failing job sits mid-batch. The writer takes job 1
+        // alone and holds it while it waits for the lock; the others queue.
+        if i == 1 {
+            wait_until(|| store.writer_stats().jobs == 2).await;
+        } else {
+            let queued = (i - 1) as u64;
+            wait_until(|| store.writer_stats().queued == queued).await;
+        }
+    }
+    let before = store.writer_stats();
+    lock.execute_batch("ROLLBACK").unwrap();
+
+    for (i, result) in tasks.join_all().await {
+        if i == 5 {
+            assert!(
+                matches!(result, Err(StoreError::Duplicate(_))),
+                "{result:?}"
+            );
+        } else {
+            result.unwrap();
+        }
+    }
+    let after = store.writer_stats();
+    assert_eq!(
+        after.batches,
+        before.batches + 1,
+        "jobs 2..=10 formed one batch"
+    );
+    assert!(after.largest_batch >= 9, "{after:?}");
+
+    let tokens = store.list_tokens().await.unwrap();
+    let ids: Vec<&str> = tokens.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(
+        ids,
+        [
+            "tok_00", "tok_01", "tok_02", "tok_03", "tok_04", "tok_06", "tok_07", "tok_08",
+            "tok_09", "tok_10"
+        ]
+    );
+    let events = all_events(&*store).await;
+    assert_eq!(events.len(), 10);
+    assert_gap_free(&events);
+}
+
+/// A database locked past the busy timeout is `Unavailable` (retryable), and `check`
+/// says which file; once the lock is gone, writes go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_locked_database_is_unavailable_not_broken() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let options = Options {
+        busy_timeout: Duration::from_millis(100),
+        ..Options::default()
+    };
+    let store = SqliteStore::open_with(&path, &options).unwrap();
+
+    let lock = lock_database(&path);
+    let created = new_request("req_busy", &agent("bot"), 0, 3600, None);
+    let err = store.create_request(&created).await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+    let err = store.check().await.unwrap_err();
+    assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
+    assert!(
+        err.to_string().contains(&path.display().to_string()),
+        "{err}"
+    );
+    // Reads are not blocked by a writer.
+    assert_eq!(store.last_event_seq().await.unwrap(), 0);
+
+    lock.execute_batch("ROLLBACK").unwrap();
+    store.create_request(&created).await.unwrap();
+    store.check().await.unwrap();
+    assert_eq!(store.last_event_seq().await.unwrap(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_notices_a_deleted_file() {
+    let (store, dir) = fresh_sqlite();
+    store.check().await.unwrap();
+    std::fs::remove_file(db_path(&dir)).unwrap();
+    let err = store.check().await.unwrap_err();
+    let message = err.to_string();
+    assert!(
+        message.contains("countersign.db") && message.contains("gone"),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_newer_schema_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    drop(SqliteStore::open(&path).unwrap());
+    let raw = rusqlite::Connection::open(&path).unwrap();
+    raw.pragma_update(None, "user_version", SCHEMA_VERSION + 1)
+        .unwrap();
+    drop(raw);
+    let err = SqliteStore::open(&path)
+        .err()
+        .expect("a newer schema is refused");
+    assert!(err.to_string().contains("newer"), "{err}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Several real processes on one file. The test binary re-runs itself: with CHILD_ENV set,
+// `child_process_entry` acts as one writer process; without it, it does nothing.
+
+const CHILD_ENV: &str = "COUNTERSIGN_SQLITE_TEST_CHILD";
+const CHILDREN: usize = 3;
+const PER_CHILD: usize = 30;
+
+#[test]
+fn child_process_entry() {
+    let Ok(spec) = std::env::var(CHILD_ENV) else {
+        return;
+    };
+    let (path, index) = spec.rsplit_once('|').unwrap();
+    let index: usize = index.parse().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(child_writer(Path::new(path), index));
+}
+
+async fn child_writer(path: &Path, index: usize) {
+    // Every child opens a file that may not exist yet: the migrations race.
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(path).unwrap());
+    let mut tasks = JoinSet::new();
+    for j in 0..PER_CHILD {
+        let store = store.clone();
+        let transition = new_request(
+            &format!("req_p{index}_{j:02}"),
+            &agent("bot"),
+            0,
+            3600,
+            None,
+        );
+        tasks.spawn(async move { store.create_request(&transition).await.unwrap() });
+    }
+    tasks.join_all().await;
+
+    // All children create "the same" request and then race to decide it.
+    let shared = new_request(
+        &format!("req_shared_{index}"),
+        &agent("shared-bot"),
+        0,
+        3600,
+        Some("shared"),
+    );
+    let (Created::New(request) | Created::Existing(request)) =
+        store.create_request(&shared).await.unwrap();
+    if request.status == Status::Pending {
+        let decided = decide(
+            &request,
+            Verdict::Approved,
+            &approver(&format!("child-{index}")),
+            1,
+            &format!("nonce-{index}"),
+        );
+        match store.apply(&decided).await {
+            Ok(()) | Err(StoreError::VersionConflict { .. }) => {}
+            Err(other) => panic!("child {index}: {other}"),
+        }
+    }
+}
+
+#[test]
+fn several_processes_share_one_file() {
+    if std::env::var(CHILD_ENV).is_ok() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let exe = std::env::current_exe().unwrap();
+    let children: Vec<_> = (0..CHILDREN)
+        .map(|i| {
+            std::process::Command::new(&exe)
+                .args(["--exact", "child_process_entry", "--test-threads=1"])
+                .env(CHILD_ENV, format!("{}|{i}", path.display()))
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    for child in children {
+        let output = child.wait_with_output().unwrap();
+        assert!(
+            output.status.success(),
+            "child failed:\n{}\n{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let store = SqliteStore::open(&path).unwrap();
+        let requests = store
+            .list_requests(&RequestQuery {
+                limit: 1000,
+                ..RequestQuery::default()
+            })
+            .await
+            .unwrap();
+        assert_eq!(requests.len(), CHILDREN * PER_CHILD + 1);
+        let shared: Vec<_> = requests
+            .iter()
+            .filter(|r| r.idempotency_key.as_deref() == Some("shared"))
+            .collect();
+        assert_eq!(shared.len(), 1, "one request for the shared key");
+        assert_eq!(shared[0].status, Status::Approved);
+        assert_eq!(shared[0].version, 2, "decided exactly once");
+
+        let events = all_events(&store).await;
+        assert_gap_free(&events);
+        assert_eq!(events.len(), CHILDREN * PER_CHILD + 1 + 1);
+        let decided: Vec<_> = events
+            .iter()
+            .filter(|e| e.event.kind() == "request_decided")
+            .collect();
+        assert_eq!(decided.len(), 1);
+        let winner = decided[0].event.actor.clone().unwrap();
+        assert!(
+            (0..CHILDREN).any(|i| winner == format!("token:child-{i}")),
+            "{winner}"
+        );
+    });
+}
