@@ -1,14 +1,107 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
+//! countersign's services: the [`Gate`] (the one place requests are created, decided and
+//! consumed), the REST API, the MCP adapter, and the HTTP server that puts them together.
+
+pub mod auth;
+pub mod error;
+pub mod gate;
+pub mod guard;
+pub mod keyring;
+pub mod mcp;
+pub mod rest;
+pub mod views;
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::response::IntoResponse;
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+pub use error::GateError;
+pub use gate::{Decider, Gate};
+pub use keyring::KeyRing;
+pub use mcp::{Identity, McpService};
+
+/// How the HTTP server is exposed.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Hosts (and `host:port`s) this server answers to; see [`guard::HostPolicy`].
+    pub allowed_hosts: Vec<String>,
+    /// Whether approvers get the operator tools over MCP.
+    pub operator_tools: bool,
+    /// The largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            operator_tools: false,
+            max_body_bytes: 1024 * 1024,
+        }
     }
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub gate: Arc<Gate>,
+    pub hosts: Arc<guard::HostPolicy>,
+}
+
+/// The whole HTTP surface: `/mcp`, `/api/v1`, `/healthz`, `/.well-known/jwks.json`.
+pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken) -> Router {
+    let state = AppState {
+        gate: gate.clone(),
+        hosts: Arc::new(guard::HostPolicy::new(&config.allowed_hosts)),
+    };
+    let operator_tools = config.operator_tools;
+    let mcp_gate = gate.clone();
+    // Stateless: every request carries its own credentials and no session lives in
+    // memory, so any instance behind a load balancer can serve any call.
+    let mcp_config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_cancellation_token(shutdown.child_token())
+        .with_max_request_body_bytes(config.max_body_bytes)
+        // Host and Origin are checked for every route by `guard`.
+        .disable_allowed_hosts();
+    let mcp = StreamableHttpService::new(
+        move || {
+            Ok(McpService::new(
+                mcp_gate.clone(),
+                Identity::PerRequest,
+                operator_tools,
+            ))
+        },
+        Arc::new(NeverSessionManager::default()),
+        mcp_config,
+    );
+    let authenticated = Router::new()
+        .nest("/api/v1", rest::api_routes())
+        .nest_service("/mcp", mcp)
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            auth::require_token,
+        ));
+    Router::new()
+        .merge(rest::public_routes())
+        .merge(authenticated)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            guard::check_host_and_origin,
+        ))
+        .with_state(state)
+}
+
+async fn not_found(uri: http::Uri) -> impl IntoResponse {
+    (
+        http::StatusCode::NOT_FOUND,
+        axum::Json(serde_json::json!({
+            "error": {"code": "not_found", "message": format!("no route for {}", uri.path())}
+        })),
+    )
 }

@@ -1,3 +1,87 @@
-fn main() {
-    println!("Hello, world!");
+//! `countersign`: the approval gate for AI agents.
+
+mod cmd;
+mod config;
+mod runtime;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::Overrides;
+
+#[derive(Debug, Parser)]
+#[command(name = "countersign", version, about = "A self-hosted approval gate for AI agents", long_about = None)]
+struct Cli {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Args, Clone)]
+struct GlobalArgs {
+    /// Data directory (database, keys, config). Default: $XDG_DATA_HOME/countersign or
+    /// ~/.local/share/countersign. Also COUNTERSIGN_DATA_DIR.
+    #[arg(long, global = true, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// Config file (TOML). Default: countersign.toml in the data directory, if present.
+    /// Also COUNTERSIGN_CONFIG.
+    #[arg(long, global = true, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the HTTP server: MCP at /mcp, REST at /api/v1, JWKS, health.
+    Serve(cmd::serve::ServeArgs),
+    /// Run the MCP tools over stdio (for clients that launch countersign themselves).
+    Mcp(cmd::mcp::McpArgs),
+    /// Create, list and revoke bearer tokens.
+    #[command(subcommand)]
+    Token(cmd::token::TokenCommand),
+    /// List requests waiting for a decision.
+    Pending(cmd::decide::PendingArgs),
+    /// Approve a pending request as the local user (channel `cli`).
+    Approve(cmd::decide::DecideArgs),
+    /// Reject a pending request as the local user (channel `cli`).
+    Reject(cmd::decide::DecideArgs),
+    /// Verify a proof offline.
+    Verify(cmd::verify::VerifyArgs),
+    /// Manage signing keys.
+    #[command(subcommand)]
+    Keys(cmd::keys::KeysCommand),
+    /// Check the data directory, database, key and listening address.
+    Doctor(cmd::doctor::DoctorArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let overrides = Overrides {
+        config: cli.global.config.clone(),
+        data_dir: cli.global.data_dir.clone(),
+        listen: match &cli.command {
+            Command::Serve(args) => args.listen.clone(),
+            Command::Doctor(args) => args.listen.clone(),
+            _ => None,
+        },
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(err) => {
+            eprintln!("error: could not start the async runtime: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    match runtime.block_on(cmd::run(cli.command, overrides)) {
+        Ok(code) => code,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::from(2)
+        }
+    }
 }

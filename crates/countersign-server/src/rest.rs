@@ -1,0 +1,385 @@
+//! The REST API under `/api/v1`, plus `/healthz` and the JWKS.
+
+use std::time::Duration;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Path, Query, Request, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use countersign_core::{Action, Channel, DecisionInput, Role, Status, TokenRecord};
+use countersign_store::RequestQuery;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::AppState;
+use crate::auth::{AdminAuth, AnyAuth, ApproverAuth};
+use crate::error::GateError;
+use crate::mcp::{DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, parse_decision};
+use crate::views::{
+    ApprovalView, DecisionBody, RecordActionInput, RequestApprovalInput, RequestApprovalOutput,
+    VerifyOutput, VerifyProofInput,
+};
+
+/// An error as a JSON response: `{"error": {"code": ..., "message": ...}}`.
+#[derive(Debug)]
+pub struct ApiError(pub GateError);
+
+impl From<GateError> for ApiError {
+    fn from(err: GateError) -> Self {
+        ApiError(err)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let err = self.0;
+        if err.code() == "internal" {
+            tracing::error!(%err, "request failed");
+        }
+        let body = serde_json::json!({
+            "error": {"code": err.code(), "message": err.public_message()}
+        });
+        (err.status(), Json(body)).into_response()
+    }
+}
+
+/// `Json<T>` whose rejections say what was wrong in countersign's error shape.
+pub struct ApiJson<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequest<S> for ApiJson<T> {
+    type Rejection = Response;
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        match Json::<T>::from_request(req, state).await {
+            Ok(Json(value)) => Ok(ApiJson(value)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(rejection: JsonRejection) -> Response {
+    let (status, code) = match &rejection {
+        JsonRejection::MissingJsonContentType(_) => {
+            (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported_media_type")
+        }
+        JsonRejection::BytesRejection(_) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+            (StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large")
+        }
+        _ => (StatusCode::BAD_REQUEST, "invalid_input"),
+    };
+    let message = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            "the request body is larger than max_body_bytes allows".to_string()
+        }
+        _ => rejection.body_text(),
+    };
+    (
+        status,
+        Json(serde_json::json!({"error": {"code": code, "message": message}})),
+    )
+        .into_response()
+}
+
+/// `Query<T>` with countersign's error shape.
+pub struct ApiQuery<T>(pub T);
+
+impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
+    type Rejection = Response;
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match Query::<T>::from_request_parts(parts, state).await {
+            Ok(Query(value)) => Ok(ApiQuery(value)),
+            Err(rejection) => Err(query_rejection(rejection)),
+        }
+    }
+}
+
+fn query_rejection(rejection: QueryRejection) -> Response {
+    (
+        StatusCode::BAD_REQUEST,
+        Json(serde_json::json!({"error": {"code": "invalid_input", "message": rejection.body_text()}})),
+    )
+        .into_response()
+}
+
+pub fn api_routes() -> Router<AppState> {
+    Router::new()
+        .route("/requests", post(create_request).get(list_requests))
+        .route("/requests/{id}", get(get_request))
+        .route("/requests/{id}/wait", get(wait_request))
+        .route("/requests/{id}/decision", post(decide))
+        .route("/requests/{id}/cancel", post(cancel))
+        .route("/requests/{id}/actions", post(record_action))
+        .route("/proofs/verify", post(verify_proof))
+        .route("/tokens", get(list_tokens).post(create_token))
+        .route("/tokens/{id}/revoke", post(revoke_token))
+}
+
+pub fn public_routes() -> Router<AppState> {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/.well-known/jwks.json", get(jwks))
+}
+
+async fn healthz(State(state): State<AppState>) -> Response {
+    match state.gate.store().check().await {
+        Ok(()) => Json(serde_json::json!({
+            "status": "ok",
+            "version": env!("CARGO_PKG_VERSION"),
+            "kid": state.gate.keys().signer().kid(),
+        }))
+        .into_response(),
+        Err(err) => {
+            tracing::warn!(%err, "health check failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({"status": "unavailable", "error": err.to_string()})),
+            )
+                .into_response()
+        }
+    }
+}
+
+async fn jwks(State(state): State<AppState>) -> Response {
+    // Another process may have rotated the key; the JWKS must include it.
+    let _ = state.gate.keys().reload();
+    (
+        [(http::header::CACHE_CONTROL, "public, max-age=300")],
+        Json(state.gate.jwks()),
+    )
+        .into_response()
+}
+
+async fn create_request(
+    State(state): State<AppState>,
+    AnyAuth(who): AnyAuth,
+    ApiJson(input): ApiJson<RequestApprovalInput>,
+) -> Result<Response, ApiError> {
+    let requested = state.gate.request_approval(&who, input.into()).await?;
+    let status = if requested.existing {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        Json(RequestApprovalOutput::new(
+            &requested.request,
+            requested.existing,
+        )),
+    )
+        .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ListParams {
+    status: Option<String>,
+    requested_by: Option<String>,
+    limit: Option<usize>,
+}
+
+#[derive(Debug, Serialize)]
+struct RequestList {
+    requests: Vec<ApprovalView>,
+}
+
+async fn list_requests(
+    State(state): State<AppState>,
+    ApproverAuth(decider): ApproverAuth,
+    ApiQuery(params): ApiQuery<ListParams>,
+) -> Result<Json<RequestList>, ApiError> {
+    let status = params
+        .status
+        .as_deref()
+        .map(str::parse::<Status>)
+        .transpose()
+        .map_err(GateError::from)?;
+    let query = RequestQuery {
+        status,
+        requested_by: params.requested_by,
+        limit: params.limit.unwrap_or(100).clamp(1, 1000),
+    };
+    let requests = state.gate.list(&decider, &query).await?;
+    Ok(Json(RequestList {
+        requests: requests.iter().map(ApprovalView::new).collect(),
+    }))
+}
+
+async fn get_request(
+    State(state): State<AppState>,
+    AnyAuth(who): AnyAuth,
+    Path(id): Path<String>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    let request = state.gate.get(&who, &id).await?;
+    Ok(Json(ApprovalView::new(&request)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WaitParams {
+    timeout_seconds: Option<u64>,
+}
+
+/// Long poll: returns as soon as the request is decided, or after `timeout_seconds`.
+async fn wait_request(
+    State(state): State<AppState>,
+    AnyAuth(who): AnyAuth,
+    Path(id): Path<String>,
+    ApiQuery(params): ApiQuery<WaitParams>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    let seconds = params.timeout_seconds.unwrap_or(DEFAULT_WAIT_SECONDS);
+    if seconds > MAX_WAIT_SECONDS {
+        return Err(GateError::BadInput(format!(
+            "timeout_seconds is {seconds}; at most {MAX_WAIT_SECONDS} is allowed"
+        ))
+        .into());
+    }
+    let request = state
+        .gate
+        .wait(&who, &id, Duration::from_secs(seconds), &mut |_| {})
+        .await?;
+    Ok(Json(ApprovalView::new(&request)))
+}
+
+async fn decide(
+    State(state): State<AppState>,
+    ApproverAuth(decider): ApproverAuth,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<DecisionBody>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    let verdict = parse_decision(&body)?;
+    let request = state
+        .gate
+        .decide(
+            &decider,
+            &id,
+            verdict,
+            DecisionInput {
+                comment: body.comment,
+                fields: body.fields,
+            },
+            Channel::Api,
+        )
+        .await?;
+    Ok(Json(ApprovalView::new(&request)))
+}
+
+async fn cancel(
+    State(state): State<AppState>,
+    AnyAuth(who): AnyAuth,
+    Path(id): Path<String>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    let request = state.gate.cancel(&who, &id).await?;
+    Ok(Json(ApprovalView::new(&request)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ActionBody {
+    tool: String,
+    #[serde(default)]
+    details: std::collections::BTreeMap<String, String>,
+}
+
+async fn record_action(
+    State(state): State<AppState>,
+    AnyAuth(who): AnyAuth,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ActionBody>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    let input = RecordActionInput {
+        request_id: id,
+        tool: body.tool,
+        details: body.details,
+    };
+    let request = state
+        .gate
+        .record_action(&who, &input.request_id, input.tool, input.details)
+        .await?;
+    Ok(Json(ApprovalView::new(&request)))
+}
+
+async fn verify_proof(
+    State(state): State<AppState>,
+    AnyAuth(_who): AnyAuth,
+    ApiJson(input): ApiJson<VerifyProofInput>,
+) -> Result<Json<VerifyOutput>, ApiError> {
+    let action = match (input.action_description, input.action_details) {
+        (None, None) => None,
+        (Some(d), details) => Some(Action::new(d, details.unwrap_or_default())),
+        (None, Some(_)) => {
+            return Err(GateError::BadInput(
+                "action_details were given without action_description".into(),
+            )
+            .into());
+        }
+    };
+    let report = state
+        .gate
+        .verify_proof(&input.proof.into(), action.as_ref())
+        .await?;
+    Ok(Json(report.into()))
+}
+
+#[derive(Debug, Serialize)]
+struct TokenView {
+    id: String,
+    name: String,
+    role: Role,
+    created_at: String,
+    revoked_at: Option<String>,
+}
+
+impl From<&TokenRecord> for TokenView {
+    fn from(t: &TokenRecord) -> Self {
+        Self {
+            id: t.id.clone(),
+            name: t.name.clone(),
+            role: t.role,
+            created_at: t.created_at.to_string(),
+            revoked_at: t.revoked_at.map(|r| r.to_string()),
+        }
+    }
+}
+
+async fn list_tokens(
+    State(state): State<AppState>,
+    AdminAuth(_admin): AdminAuth,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let tokens = state.gate.list_tokens().await?;
+    let views: Vec<TokenView> = tokens.iter().map(TokenView::from).collect();
+    Ok(Json(serde_json::json!({ "tokens": views })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CreateTokenBody {
+    name: String,
+    role: String,
+}
+
+async fn create_token(
+    State(state): State<AppState>,
+    AdminAuth(admin): AdminAuth,
+    ApiJson(body): ApiJson<CreateTokenBody>,
+) -> Result<Response, ApiError> {
+    let role: Role = body.role.parse().map_err(GateError::BadInput)?;
+    let (record, secret) = state.gate.create_token(&body.name, role, &admin).await?;
+    let mut view = serde_json::to_value(TokenView::from(&record))
+        .map_err(|e| GateError::BadInput(e.to_string()))?;
+    view["token"] = serde_json::Value::String(secret);
+    Ok((StatusCode::CREATED, Json(view)).into_response())
+}
+
+async fn revoke_token(
+    State(state): State<AppState>,
+    AdminAuth(admin): AdminAuth,
+    Path(id): Path<String>,
+) -> Result<Json<TokenView>, ApiError> {
+    let record = state.gate.revoke_token(&id, &admin).await?;
+    Ok(Json(TokenView::from(&record)))
+}

@@ -1,0 +1,362 @@
+//! The shapes clients see: inputs of the agent calls and their results, shared by the
+//! REST API and the MCP tools (which publish them as input and output schemas).
+
+use std::collections::BTreeMap;
+
+use countersign_core::proof::Problem;
+use countersign_core::{ApprovalRequest, Envelope, NewRequest, Status, VerifyReport};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+/// `request_approval`'s input.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RequestApprovalInput {
+    /// What you want to do, in words the human approver will read and decide on.
+    pub action_description: String,
+    /// The exact parameters of the action (amounts and ids as strings). The approval is
+    /// bound to these: a proof for one set of details is not valid for another.
+    #[serde(default)]
+    pub action_details: BTreeMap<String, String>,
+    /// Email address of the approver to notify.
+    #[serde(default)]
+    pub recipient_email: Option<String>,
+    /// Slack user or channel of the approver to notify.
+    #[serde(default)]
+    pub recipient_slack: Option<String>,
+    /// Hours to wait for a decision before the request times out (default 24, max 168).
+    #[serde(default)]
+    pub timeout_hours: Option<f64>,
+    /// The same bound in seconds, for short waits. Give this or timeout_hours.
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+    /// Seconds an approval stays usable after it is given (default 900).
+    #[serde(default)]
+    pub valid_for_seconds: Option<u64>,
+    /// A key of your choosing: retrying with the same key and action returns the same
+    /// request instead of creating another.
+    #[serde(default)]
+    pub idempotency_key: Option<String>,
+}
+
+impl From<RequestApprovalInput> for NewRequest {
+    fn from(input: RequestApprovalInput) -> Self {
+        NewRequest {
+            description: input.action_description,
+            details: input.action_details,
+            recipient_email: input.recipient_email,
+            recipient_slack: input.recipient_slack,
+            timeout_hours: input.timeout_hours,
+            timeout_seconds: input.timeout_seconds,
+            valid_for_seconds: input.valid_for_seconds,
+            idempotency_key: input.idempotency_key,
+        }
+    }
+}
+
+/// `request_approval`'s result.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RequestApprovalOutput {
+    pub request_id: String,
+    /// `pending` for a new request.
+    pub status: String,
+    /// When the request times out if nobody decides (UTC, RFC 3339).
+    pub expires_at: String,
+    /// `sha256:` + hex SHA-256 of the RFC 8785 JSON of {description, details}.
+    pub action_digest: String,
+    pub valid_for_seconds: u64,
+    /// True when this is an earlier request returned for a retried idempotency key.
+    pub existing: bool,
+    /// What to do next.
+    pub message: String,
+}
+
+impl RequestApprovalOutput {
+    pub fn new(request: &ApprovalRequest, existing: bool) -> Self {
+        Self {
+            request_id: request.id.clone(),
+            status: request.status.to_string(),
+            expires_at: request.expires_at.to_string(),
+            action_digest: request.action_digest.to_string(),
+            valid_for_seconds: request.valid_for_seconds,
+            existing,
+            message: guidance(request),
+        }
+    }
+}
+
+/// An approver as shown to clients.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ApproverView {
+    pub id: String,
+    pub display_name: String,
+    /// api, mcp or cli.
+    pub channel: String,
+    /// How the approver authenticated: bearer_token or local_os_user.
+    pub auth_method: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct DecisionView {
+    /// approved or rejected.
+    pub decision: String,
+    /// human, policy or fallback.
+    pub authorization_type: String,
+    pub approvers: Vec<ApproverView>,
+    pub comment: Option<String>,
+    /// Structured reply fields from the approver (e.g. a PO number).
+    pub fields: BTreeMap<String, String>,
+    pub decided_at: String,
+    /// The approval may be acted on until this time, once.
+    pub valid_until: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct UsedView {
+    pub tool: String,
+    pub recorded_at: String,
+}
+
+/// The state of a request: what `check_approval` and `wait_for_approval` return.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ApprovalView {
+    pub request_id: String,
+    /// pending, approved, rejected, timed_out or cancelled.
+    pub status: String,
+    pub action_description: String,
+    pub action_details: BTreeMap<String, String>,
+    pub action_digest: String,
+    pub requested_by: String,
+    pub requested_at: String,
+    pub expires_at: String,
+    pub decision: Option<DecisionView>,
+    /// The signed proof (a DSSE envelope), once decided. Pass it to verify_proof, or
+    /// verify it offline with the server's JWKS.
+    pub proof: Option<ProofView>,
+    /// Set once the approval has been used (record_action).
+    pub used: Option<UsedView>,
+    /// What to do next.
+    pub message: String,
+}
+
+/// A DSSE envelope.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ProofView {
+    #[serde(rename = "payloadType")]
+    pub payload_type: String,
+    /// Base64 (standard, padded) of the statement's JSON bytes.
+    pub payload: String,
+    pub signatures: Vec<SignatureView>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct SignatureView {
+    pub keyid: String,
+    pub sig: String,
+}
+
+impl From<&Envelope> for ProofView {
+    fn from(e: &Envelope) -> Self {
+        Self {
+            payload_type: e.payload_type.clone(),
+            payload: e.payload.clone(),
+            signatures: e
+                .signatures
+                .iter()
+                .map(|s| SignatureView {
+                    keyid: s.keyid.clone(),
+                    sig: s.sig.clone(),
+                })
+                .collect(),
+        }
+    }
+}
+
+impl From<ProofView> for Envelope {
+    fn from(p: ProofView) -> Self {
+        Envelope {
+            payload_type: p.payload_type,
+            payload: p.payload,
+            signatures: p
+                .signatures
+                .into_iter()
+                .map(|s| countersign_core::proof::EnvelopeSignature {
+                    keyid: s.keyid,
+                    sig: s.sig,
+                })
+                .collect(),
+        }
+    }
+}
+
+impl ApprovalView {
+    pub fn new(request: &ApprovalRequest) -> Self {
+        Self {
+            request_id: request.id.clone(),
+            status: request.status.to_string(),
+            action_description: request.action.description.clone(),
+            action_details: request.action.details.clone(),
+            action_digest: request.action_digest.to_string(),
+            requested_by: request.requested_by.id.clone(),
+            requested_at: request.requested_at.to_string(),
+            expires_at: request.expires_at.to_string(),
+            decision: request.decision.as_ref().map(|d| DecisionView {
+                decision: d.decision.as_str().to_string(),
+                authorization_type: enum_str(&d.authorization_type),
+                approvers: d
+                    .approvers
+                    .iter()
+                    .map(|a| ApproverView {
+                        id: a.id.clone(),
+                        display_name: a.display_name.clone(),
+                        channel: a.channel.as_str().to_string(),
+                        auth_method: enum_str(&a.auth_method),
+                    })
+                    .collect(),
+                comment: d.comment.clone(),
+                fields: d.fields.clone(),
+                decided_at: d.decided_at.to_string(),
+                valid_until: d.valid_until.to_string(),
+            }),
+            proof: request.proof.as_ref().map(ProofView::from),
+            used: request.action_record.as_ref().map(|a| UsedView {
+                tool: a.tool.clone(),
+                recorded_at: a.recorded_at.to_string(),
+            }),
+            message: guidance(request),
+        }
+    }
+}
+
+/// A serde unit enum as its string.
+fn enum_str<T: Serialize>(value: &T) -> String {
+    match serde_json::to_value(value) {
+        Ok(serde_json::Value::String(s)) => s,
+        _ => String::new(),
+    }
+}
+
+/// The plain statement an agent reads next to a status.
+pub fn guidance(request: &ApprovalRequest) -> String {
+    let who = request
+        .decision
+        .as_ref()
+        .map(|d| {
+            d.approvers
+                .iter()
+                .map(|a| a.display_name.as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        })
+        .unwrap_or_default();
+    match request.status {
+        Status::Pending => format!(
+            "Pending: do NOT perform this action until the request is approved. Call wait_for_approval with request_id {} to wait for the decision (it times out at {}).",
+            request.id, request.expires_at
+        ),
+        Status::Approved => match (&request.action_record, &request.decision) {
+            (Some(used), _) => format!(
+                "Approved by {who}, and already used at {} ({}). The approval is single use: request a new one to act again.",
+                used.recorded_at, used.tool
+            ),
+            (None, Some(d)) => format!(
+                "Approved by {who}. You may perform exactly this action, once, before {}. Call record_action with request_id {} when you do.",
+                d.valid_until, request.id
+            ),
+            (None, None) => "Approved.".to_string(),
+        },
+        Status::Rejected => {
+            let reason = request
+                .decision
+                .as_ref()
+                .and_then(|d| d.comment.as_deref())
+                .map(|c| format!(" Reason: {c}"))
+                .unwrap_or_default();
+            format!("Rejected by {who}. Do NOT perform this action.{reason}")
+        }
+        Status::TimedOut => "Timed out without a decision: it is NOT approved. Do NOT perform this action; ask again if it is still needed.".to_string(),
+        Status::Cancelled => "Cancelled: it is NOT approved. Do NOT perform this action.".to_string(),
+    }
+}
+
+/// `verify_proof`'s input.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct VerifyProofInput {
+    /// The DSSE envelope returned with the decision.
+    pub proof: ProofView,
+    /// The action about to be performed; when given, the proof must be for exactly it.
+    #[serde(default)]
+    pub action_description: Option<String>,
+    #[serde(default)]
+    pub action_details: Option<BTreeMap<String, String>>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ProblemView {
+    /// A stable code: malformed_envelope, wrong_payload_type, unknown_key, bad_signature,
+    /// malformed_statement, digest_mismatch, not_approved, expired, already_used,
+    /// action_mismatch.
+    pub code: String,
+    pub message: String,
+}
+
+/// `verify_proof`'s result.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct VerifyOutput {
+    pub valid: bool,
+    /// Every reason the proof is not valid (empty when it is).
+    pub reasons: Vec<ProblemView>,
+    pub request_id: Option<String>,
+    pub decision: Option<String>,
+    pub action_digest: Option<String>,
+    pub valid_until: Option<String>,
+    /// The key that signed it.
+    pub keyid: Option<String>,
+}
+
+impl From<VerifyReport> for VerifyOutput {
+    fn from(report: VerifyReport) -> Self {
+        let statement = report.statement.as_ref();
+        Self {
+            valid: report.valid,
+            reasons: report
+                .reasons
+                .iter()
+                .map(|p: &Problem| ProblemView {
+                    code: enum_str(&p.code),
+                    message: p.message.clone(),
+                })
+                .collect(),
+            request_id: statement.map(|s| s.request_id.clone()),
+            decision: statement.map(|s| s.decision.as_str().to_string()),
+            action_digest: statement.map(|s| s.action_digest.to_string()),
+            valid_until: statement.map(|s| s.valid_until.to_string()),
+            keyid: report.keyid,
+        }
+    }
+}
+
+/// `record_action`'s input.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecordActionInput {
+    pub request_id: String,
+    /// The tool or operation that performs the approved action.
+    pub tool: String,
+    #[serde(default)]
+    pub details: BTreeMap<String, String>,
+}
+
+/// A decision's input (REST and the operator tools). Who decides comes from the
+/// credential, never from here.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionBody {
+    /// approved or rejected.
+    pub decision: String,
+    #[serde(default)]
+    pub comment: Option<String>,
+    #[serde(default)]
+    pub fields: BTreeMap<String, String>,
+}

@@ -1,0 +1,180 @@
+//! Deciding over REST: first decision wins, push wake-up, durability of the outcome.
+
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+
+use crate::support::start;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn concurrent_approve_and_reject_record_exactly_one_decision() {
+    let server = start().await;
+    for round in 0..3 {
+        let id = server.create_default().await;
+        let mut calls = Vec::new();
+        for i in 0..20 {
+            let token = if i % 2 == 0 {
+                server.approver.clone()
+            } else {
+                server.approver2.clone()
+            };
+            let decision = if i % 3 == 0 { "rejected" } else { "approved" };
+            let http = server.http.clone();
+            let url = server.url(&format!("/api/v1/requests/{id}/decision"));
+            calls.push(tokio::spawn(async move {
+                let resp = http
+                    .post(url)
+                    .bearer_auth(token)
+                    .json(&json!({"decision": decision}))
+                    .send()
+                    .await
+                    .unwrap();
+                let status = resp.status().as_u16();
+                (status, resp.json::<serde_json::Value>().await.unwrap())
+            }));
+        }
+        let mut winners = Vec::new();
+        for call in calls {
+            let (status, body) = call.await.unwrap();
+            match status {
+                200 => winners.push(body),
+                409 => {
+                    assert_eq!(body["error"]["code"], "already_decided", "{body}");
+                    assert!(
+                        body["error"]["message"]
+                            .as_str()
+                            .unwrap()
+                            .contains(" via api"),
+                        "the loser learns who won: {body}"
+                    );
+                }
+                other => panic!("round {round}: unexpected status {other}: {body}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: exactly one decision wins");
+        let (_, state) = server
+            .get(&format!("/api/v1/requests/{id}"), &server.approver)
+            .await;
+        assert_eq!(state["status"], winners[0]["status"]);
+        assert_eq!(
+            state["decision"]["approvers"],
+            winners[0]["decision"]["approvers"]
+        );
+    }
+    let kinds = server.event_kinds().await;
+    assert_eq!(kinds.iter().filter(|k| *k == "request_decided").count(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rest_long_poll_is_woken_by_the_decision() {
+    let server = start().await;
+    let id = server.create_default().await;
+    let waiter = {
+        let http = server.http.clone();
+        let url = server.url(&format!("/api/v1/requests/{id}/wait?timeout_seconds=60"));
+        let token = server.agent.clone();
+        tokio::spawn(async move {
+            let resp = http.get(url).bearer_auth(token).send().await.unwrap();
+            (
+                Instant::now(),
+                resp.json::<serde_json::Value>().await.unwrap(),
+            )
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (status, _) = server.decide(&server.approver, &id, "rejected").await;
+    let decided_at = Instant::now();
+    assert_eq!(status, 200);
+    let (woke_at, body) = waiter.await.unwrap();
+    assert_eq!(body["status"], "rejected");
+    assert!(body["message"].as_str().unwrap().contains("Do NOT perform"));
+    let latency = woke_at.saturating_duration_since(decided_at);
+    assert!(
+        latency < Duration::from_secs(5),
+        "woken {latency:?} after the decision"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approval_is_usable_once_and_only_by_its_requester() {
+    let server = start().await;
+    let id = server
+        .create(
+            &server.agent,
+            json!({"action_description": "Refund order 9", "valid_for_seconds": 60}),
+        )
+        .await;
+    server.decide(&server.approver, &id, "approved").await;
+    let (status, body) = server
+        .post(
+            &format!("/api/v1/requests/{id}/actions"),
+            &server.agent2,
+            json!({"tool": "refund"}),
+        )
+        .await;
+    assert_eq!(
+        status, 404,
+        "another agent cannot see it, let alone use it: {body}"
+    );
+    let (status, body) = server
+        .post(
+            &format!("/api/v1/requests/{id}/actions"),
+            &server.agent,
+            json!({"tool": "refund", "details": {"order": "9"}}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["used"]["tool"], "refund");
+    let (status, body) = server
+        .post(
+            &format!("/api/v1/requests/{id}/actions"),
+            &server.agent,
+            json!({"tool": "refund"}),
+        )
+        .await;
+    assert_eq!(status, 409);
+    assert_eq!(body["error"]["code"], "already_used");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelled_requests_cannot_be_decided() {
+    let server = start().await;
+    let id = server.create_default().await;
+    let (status, body) = server
+        .post(
+            &format!("/api/v1/requests/{id}/cancel"),
+            &server.agent,
+            json!({}),
+        )
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["status"], "cancelled");
+    let (status, body) = server.decide(&server.approver, &id, "approved").await;
+    assert_eq!(status, 409);
+    assert_eq!(body["error"]["code"], "already_decided");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn list_shows_pending_requests_newest_first() {
+    let server = start().await;
+    let first = server.create_default().await;
+    let second = server.create_default().await;
+    let decided = server.create_default().await;
+    server.decide(&server.approver, &decided, "approved").await;
+    let (status, body) = server
+        .get("/api/v1/requests?status=pending", &server.approver)
+        .await;
+    assert_eq!(status, 200);
+    let ids: Vec<_> = body["requests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["request_id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(ids, vec![second, first]);
+    let (status, body) = server
+        .get("/api/v1/requests?status=bogus", &server.approver)
+        .await;
+    assert_eq!(status, 400);
+    assert!(body["error"]["message"].as_str().unwrap().contains("bogus"));
+}

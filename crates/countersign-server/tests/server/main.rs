@@ -1,0 +1,10 @@
+//! Integration tests of the HTTP server: the real router on a port-0 listener over a real
+//! SQLite file, driven by reqwest (REST) and rmcp's client (MCP Streamable HTTP).
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+mod auth;
+mod decisions;
+mod input;
+mod mcp_http;

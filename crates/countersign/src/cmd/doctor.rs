@@ -1,0 +1,148 @@
+use std::net::TcpListener;
+use std::os::unix::fs::PermissionsExt;
+use std::process::ExitCode;
+
+use clap::Args;
+use countersign_server::KeyRing;
+use countersign_sqlite::SqliteStore;
+use countersign_store::Store;
+
+use crate::config::Config;
+
+#[derive(Debug, Args)]
+pub struct DoctorArgs {
+    /// The address `serve` would listen on (default from the config).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+}
+
+struct Report {
+    failed: bool,
+}
+
+impl Report {
+    fn ok(&self, what: &str) {
+        println!("ok    {what}");
+    }
+    fn warn(&self, what: &str) {
+        println!("warn  {what}");
+    }
+    fn fail(&mut self, what: &str) {
+        self.failed = true;
+        println!("FAIL  {what}");
+    }
+}
+
+/// Checks, in words, what `serve` and `mcp` need.
+pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
+    let mut r = Report { failed: false };
+    match &config.config_file {
+        Some(path) => r.ok(&format!("config file {} is valid", path.display())),
+        None => r.ok("no config file; using defaults and COUNTERSIGN_* variables"),
+    }
+
+    let dir = &config.data_dir;
+    if !dir.exists() {
+        r.fail(&format!(
+            "data directory {} does not exist; `countersign serve` or `countersign mcp` creates it",
+            dir.display()
+        ));
+        return Ok(finish(&r));
+    }
+    match std::fs::metadata(dir) {
+        Ok(meta) if !meta.is_dir() => r.fail(&format!("{} is not a directory", dir.display())),
+        Ok(meta) => {
+            let mode = meta.permissions().mode() & 0o777;
+            if mode & 0o077 != 0 {
+                r.warn(&format!(
+                    "data directory {} has mode {mode:o}; other users can read it (chmod 700 {})",
+                    dir.display(),
+                    dir.display()
+                ));
+            } else {
+                r.ok(&format!("data directory {} (mode {mode:o})", dir.display()));
+            }
+        }
+        Err(e) => r.fail(&format!("cannot read {}: {e}", dir.display())),
+    }
+
+    let db = config.database_path();
+    if !db.exists() {
+        r.fail(&format!(
+            "no database at {} yet; start countersign once",
+            db.display()
+        ));
+    } else {
+        match SqliteStore::open(&db) {
+            Ok(store) => match store.check().await {
+                Ok(()) => {
+                    r.ok(&format!("database {} opens and answers", db.display()));
+                    match store.list_tokens().await {
+                        Ok(tokens) if tokens.iter().any(|t| t.is_active()) => {
+                            r.ok(&format!("{} active token(s)", tokens.iter().filter(|t| t.is_active()).count()))
+                        }
+                        Ok(_) => r.warn("no active tokens: HTTP clients cannot authenticate (countersign token create --role agent --name NAME)"),
+                        Err(e) => r.fail(&format!("cannot read tokens: {e}")),
+                    }
+                }
+                Err(e) => r.fail(&format!("database {}: {e}", db.display())),
+            },
+            Err(e) => r.fail(&format!("cannot open database {}: {e}", db.display())),
+        }
+    }
+
+    match KeyRing::open_existing(&config.keys_dir()) {
+        Ok(keys) => r.ok(&format!(
+            "signing key {} ({} published key(s))",
+            keys.signer().kid(),
+            keys.jwks().keys.len()
+        )),
+        Err(e) => r.fail(&format!("signing key: {e}")),
+    }
+
+    let addr = config.listen;
+    match TcpListener::bind(addr) {
+        Ok(_) => r.ok(&format!("{addr} is free to listen on")),
+        Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+            let url = format!("http://{addr}/healthz");
+            let ours = reqwest::get(&url)
+                .await
+                .ok()
+                .filter(|resp| resp.status().is_success());
+            match ours {
+                Some(_) => r.ok(&format!("countersign is already serving on {addr}")),
+                None => r.fail(&format!(
+                    "{addr} is in use by another program; choose another with --listen or COUNTERSIGN_LISTEN"
+                )),
+            }
+        }
+        Err(e) => r.fail(&format!("cannot listen on {addr}: {e}")),
+    }
+    if !addr.ip().is_loopback() {
+        if config
+            .allowed_hosts
+            .iter()
+            .all(|h| matches!(h.as_str(), "localhost" | "127.0.0.1" | "::1"))
+        {
+            r.warn(&format!(
+                "listening on {} but allowed_hosts only has loopback names: remote clients will get 403; add the server's hostname",
+                addr.ip()
+            ));
+        } else {
+            r.warn(&format!(
+                "listening on {}: put countersign behind TLS (a reverse proxy) before exposing it",
+                addr.ip()
+            ));
+        }
+    }
+    Ok(finish(&r))
+}
+
+fn finish(r: &Report) -> ExitCode {
+    if r.failed {
+        println!("\nsome checks failed: see FAIL lines above");
+        ExitCode::from(1)
+    } else {
+        ExitCode::SUCCESS
+    }
+}

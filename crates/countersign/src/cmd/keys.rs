@@ -1,0 +1,29 @@
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Subcommand;
+use countersign_server::KeyRing;
+
+use crate::config::Config;
+
+#[derive(Debug, Subcommand)]
+pub enum KeysCommand {
+    /// Print the public keys as a JWKS (what GET /.well-known/jwks.json serves), for
+    /// verifying proofs offline.
+    Export,
+}
+
+pub fn run(config: &Config, command: KeysCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        KeysCommand::Export => {
+            let keys = KeyRing::open_existing(&config.keys_dir()).with_context(|| {
+                format!(
+                    "no signing key in {} (run `countersign serve` once to create one)",
+                    config.keys_dir().display()
+                )
+            })?;
+            println!("{}", serde_json::to_string_pretty(&keys.jwks())?);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

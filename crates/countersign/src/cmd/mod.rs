@@ -1,0 +1,52 @@
+//! The subcommands. Each returns the process exit code: 0 for success, 1 for a negative
+//! answer (an invalid proof, a failed check), 2 for an error (bad input, I/O).
+
+pub mod decide;
+pub mod doctor;
+pub mod keys;
+pub mod mcp;
+pub mod serve;
+pub mod token;
+pub mod verify;
+
+use std::process::ExitCode;
+
+use crate::Command;
+use crate::config::{Config, Overrides};
+
+pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitCode> {
+    let config = Config::load(&overrides)?;
+    match command {
+        Command::Serve(_) => {
+            init_logging("info");
+            serve::run(&config).await
+        }
+        Command::Mcp(args) => {
+            init_logging("warn");
+            mcp::run(&config, &args).await
+        }
+        Command::Token(command) => token::run(&config, command).await,
+        Command::Pending(args) => decide::pending(&config, &args).await,
+        Command::Approve(args) => {
+            decide::decide(&config, &args, countersign_core::Verdict::Approved).await
+        }
+        Command::Reject(args) => {
+            decide::decide(&config, &args, countersign_core::Verdict::Rejected).await
+        }
+        Command::Verify(args) => verify::run(&config, &args).await,
+        Command::Keys(command) => keys::run(&config, command),
+        Command::Doctor(_) => doctor::run(&config).await,
+    }
+}
+
+/// Logs go to stderr (stdout carries the MCP protocol in `mcp`, and tokens in `token
+/// create`). `COUNTERSIGN_LOG` takes a tracing filter such as `debug` or
+/// `countersign_server=debug`.
+fn init_logging(default: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("COUNTERSIGN_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}

@@ -1,0 +1,105 @@
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use countersign_server::HttpConfig;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::runtime;
+
+#[derive(Debug, Args)]
+pub struct ServeArgs {
+    /// Address to listen on (default 127.0.0.1:8787; port 0 picks a free port). Also
+    /// COUNTERSIGN_LISTEN.
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+}
+
+/// How long in-flight requests (long polls included) get to finish after a shutdown
+/// signal. Everything acknowledged is already durable, so cutting them off loses nothing.
+const DRAIN: Duration = Duration::from_secs(5);
+
+pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
+    let gate = runtime::open(config).await?;
+    let listener = TcpListener::bind(config.listen).await.with_context(|| {
+        format!(
+            "could not listen on {} (is another countersign already running? `countersign doctor` checks)",
+            config.listen
+        )
+    })?;
+    let addr = listener.local_addr()?;
+    let shutdown = CancellationToken::new();
+    let http = HttpConfig {
+        allowed_hosts: config.allowed_hosts.clone(),
+        operator_tools: config.operator_tools,
+        max_body_bytes: config.max_body_bytes,
+    };
+    let app = countersign_server::router(gate.clone(), &http, shutdown.clone());
+    tokio::spawn(gate.clone().run_expiry(shutdown.clone()));
+
+    eprintln!(
+        "countersign {} listening on http://{addr} (data directory {}, signing key {})",
+        env!("CARGO_PKG_VERSION"),
+        config.data_dir.display(),
+        gate.keys().signer().kid()
+    );
+    if !addr.ip().is_loopback() && config.allowed_hosts.iter().all(|h| is_loopback_name(h)) {
+        eprintln!(
+            "note: listening on {} but allowed_hosts only names loopback; add this server's hostname to allowed_hosts or remote clients get 403",
+            addr.ip()
+        );
+    }
+    if gate.list_tokens().await?.iter().all(|t| !t.is_active()) {
+        eprintln!(
+            "no tokens yet: create one with `countersign token create --role agent --name my-agent` (and --role approver for people who decide)"
+        );
+    }
+
+    let signal = shutdown.clone();
+    tokio::spawn(async move {
+        wait_for_signal().await;
+        tracing::info!("shutting down");
+        signal.cancel();
+    });
+    let server = axum::serve(listener, app).with_graceful_shutdown({
+        let shutdown = shutdown.clone();
+        async move { shutdown.cancelled().await }
+    });
+    tokio::select! {
+        result = server => result.context("the HTTP server failed")?,
+        _ = async { shutdown.cancelled().await; tokio::time::sleep(DRAIN).await } => {
+            tracing::warn!("in-flight requests did not finish within {DRAIN:?}; exiting");
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn is_loopback_name(host: &str) -> bool {
+    matches!(host, "localhost" | "127.0.0.1" | "::1")
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = ctrl_c.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = ctrl_c => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = ctrl_c.await;
+    }
+}

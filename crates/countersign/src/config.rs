@@ -1,0 +1,315 @@
+//! Configuration: defaults, then a TOML file, then `COUNTERSIGN_*` environment
+//! variables, then command-line flags. Unknown keys and unknown `COUNTERSIGN_*`
+//! variables are errors, so a typo never silently falls back to a default.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+pub const CONFIG_FILE_NAME: &str = "countersign.toml";
+
+/// The settings every command resolves before it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Where the settings came from, for `doctor` and error messages.
+    pub config_file: Option<PathBuf>,
+    /// Hosts the HTTP server answers to (DNS-rebinding protection).
+    pub allowed_hosts: Vec<String>,
+    /// Offer `list_pending_approvals` / `approve` / `reject` over MCP to approver tokens.
+    pub operator_tools: bool,
+    pub max_body_bytes: usize,
+    /// How often a process looks for changes made by other processes, in milliseconds.
+    pub feed_poll_ms: u64,
+    /// Allow `countersign approve|reject` without a terminal (scripts). Only settable in
+    /// the config file.
+    pub cli_unattended_decisions: bool,
+}
+
+/// The config file's shape.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FileConfig {
+    listen: Option<String>,
+    data_dir: Option<PathBuf>,
+    allowed_hosts: Option<Vec<String>>,
+    operator_tools: Option<bool>,
+    max_body_bytes: Option<usize>,
+    feed_poll_ms: Option<u64>,
+    cli: Option<CliSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CliSection {
+    unattended_decisions: Option<bool>,
+}
+
+/// Settings given on the command line (each overrides everything else).
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub config: Option<PathBuf>,
+    pub data_dir: Option<PathBuf>,
+    pub listen: Option<String>,
+}
+
+const ENV_KEYS: &[&str] = &[
+    "COUNTERSIGN_CONFIG",
+    "COUNTERSIGN_DATA_DIR",
+    "COUNTERSIGN_LISTEN",
+    "COUNTERSIGN_ALLOWED_HOSTS",
+    "COUNTERSIGN_OPERATOR_TOOLS",
+    "COUNTERSIGN_MAX_BODY_BYTES",
+    "COUNTERSIGN_FEED_POLL_MS",
+    "COUNTERSIGN_LOG",
+];
+
+/// The default data directory: `$XDG_DATA_HOME/countersign`, else
+/// `~/.local/share/countersign`, else `./countersign-data`. A fixed place, so `serve` and
+/// `mcp` processes launched from anywhere share one database.
+pub fn default_data_dir(env: &dyn Fn(&str) -> Option<String>) -> PathBuf {
+    if let Some(xdg) = env("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(xdg).join("countersign");
+    }
+    if let Some(home) = env("HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(home).join(".local/share/countersign");
+    }
+    PathBuf::from("countersign-data")
+}
+
+impl Config {
+    /// Resolves the configuration from the process environment.
+    pub fn load(overrides: &Overrides) -> anyhow::Result<Self> {
+        let vars: Vec<(String, String)> = std::env::vars().collect();
+        Self::resolve(overrides, &vars)
+    }
+
+    /// Resolves the configuration from explicit variables (testable without touching the
+    /// process environment).
+    pub fn resolve(overrides: &Overrides, vars: &[(String, String)]) -> anyhow::Result<Self> {
+        for (key, _) in vars {
+            if key.starts_with("COUNTERSIGN_")
+                && !ENV_KEYS.contains(&key.as_str())
+                && !key.starts_with("COUNTERSIGN_TEST_")
+            {
+                bail!(
+                    "unknown environment variable {key}; countersign reads {}",
+                    ENV_KEYS.join(", ")
+                );
+            }
+        }
+        let env = |key: &str| vars.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone());
+
+        // The data directory decides where the default config file lives, so resolve it
+        // first from the flag and the environment.
+        let explicit_file = overrides
+            .config
+            .clone()
+            .or_else(|| env("COUNTERSIGN_CONFIG").map(PathBuf::from));
+        let early_data_dir = overrides
+            .data_dir
+            .clone()
+            .or_else(|| env("COUNTERSIGN_DATA_DIR").map(PathBuf::from));
+        let (file, config_file) = match &explicit_file {
+            Some(path) => (read_file(path)?, Some(path.clone())),
+            None => {
+                let dir = early_data_dir
+                    .clone()
+                    .unwrap_or_else(|| default_data_dir(&env));
+                let path = dir.join(CONFIG_FILE_NAME);
+                if path.exists() {
+                    (read_file(&path)?, Some(path))
+                } else {
+                    (FileConfig::default(), None)
+                }
+            }
+        };
+        if explicit_file.is_none() && file.data_dir.is_some() {
+            bail!(
+                "data_dir in {} is ignored because that file already lives in a data directory; set it with --data-dir or COUNTERSIGN_DATA_DIR",
+                config_file
+                    .as_deref()
+                    .map(Path::display)
+                    .map(|d| d.to_string())
+                    .unwrap_or_default()
+            );
+        }
+
+        let data_dir = early_data_dir
+            .or(file.data_dir)
+            .unwrap_or_else(|| default_data_dir(&env));
+        let listen_text = overrides
+            .listen
+            .clone()
+            .or_else(|| env("COUNTERSIGN_LISTEN"))
+            .or(file.listen)
+            .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+        let listen: SocketAddr = listen_text.parse().with_context(|| {
+            format!("listen address {listen_text:?} is not an IP:port such as 127.0.0.1:8787")
+        })?;
+        let allowed_hosts = match env("COUNTERSIGN_ALLOWED_HOSTS") {
+            Some(list) => list
+                .split(',')
+                .map(|s| s.trim().to_string())
+                .filter(|s| !s.is_empty())
+                .collect(),
+            None => file
+                .allowed_hosts
+                .unwrap_or_else(|| vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]),
+        };
+        let operator_tools = match env("COUNTERSIGN_OPERATOR_TOOLS") {
+            Some(v) => parse_bool("COUNTERSIGN_OPERATOR_TOOLS", &v)?,
+            None => file.operator_tools.unwrap_or(false),
+        };
+        let max_body_bytes = match env("COUNTERSIGN_MAX_BODY_BYTES") {
+            Some(v) => v
+                .parse()
+                .with_context(|| format!("COUNTERSIGN_MAX_BODY_BYTES={v:?} is not a number"))?,
+            None => file.max_body_bytes.unwrap_or(1024 * 1024),
+        };
+        if max_body_bytes < 1024 {
+            bail!("max_body_bytes must be at least 1024");
+        }
+        let feed_poll_ms = match env("COUNTERSIGN_FEED_POLL_MS") {
+            Some(v) => v
+                .parse()
+                .with_context(|| format!("COUNTERSIGN_FEED_POLL_MS={v:?} is not a number"))?,
+            None => file.feed_poll_ms.unwrap_or(50),
+        };
+        if !(5..=1000).contains(&feed_poll_ms) {
+            bail!("feed_poll_ms must be between 5 and 1000 (it bounds cross-process wake-up)");
+        }
+        Ok(Self {
+            listen,
+            data_dir,
+            config_file,
+            allowed_hosts,
+            operator_tools,
+            max_body_bytes,
+            feed_poll_ms,
+            cli_unattended_decisions: file
+                .cli
+                .and_then(|c| c.unattended_decisions)
+                .unwrap_or(false),
+        })
+    }
+
+    pub fn database_path(&self) -> PathBuf {
+        self.data_dir.join("countersign.db")
+    }
+
+    pub fn keys_dir(&self) -> PathBuf {
+        self.data_dir.join("keys")
+    }
+}
+
+fn read_file(path: &Path) -> anyhow::Result<FileConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("could not read the config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+}
+
+fn parse_bool(key: &str, value: &str) -> anyhow::Result<bool> {
+    match value.to_ascii_lowercase().as_str() {
+        "1" | "true" | "yes" | "on" => Ok(true),
+        "0" | "false" | "no" | "off" => Ok(false),
+        _ => bail!("{key}={value:?} is not true or false"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn defaults_apply_without_file_or_env() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().to_str().unwrap();
+        let c = Config::resolve(&Overrides::default(), &vars(&[("HOME", home)])).unwrap();
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(c.data_dir, tmp.path().join(".local/share/countersign"));
+        assert!(!c.operator_tools);
+        assert_eq!(c.feed_poll_ms, 50);
+        assert_eq!(c.config_file, None);
+    }
+
+    #[test]
+    fn file_then_env_then_flags() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(
+            data.join(CONFIG_FILE_NAME),
+            "listen = \"127.0.0.1:9000\"\noperator_tools = true\nallowed_hosts = [\"gate.example.com\"]\n[cli]\nunattended_decisions = true\n",
+        )
+        .unwrap();
+        let d = data.to_str().unwrap();
+        let c =
+            Config::resolve(&Overrides::default(), &vars(&[("COUNTERSIGN_DATA_DIR", d)])).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:9000");
+        assert!(c.operator_tools);
+        assert!(c.cli_unattended_decisions);
+        assert_eq!(c.allowed_hosts, vec!["gate.example.com".to_string()]);
+
+        let c = Config::resolve(
+            &Overrides::default(),
+            &vars(&[
+                ("COUNTERSIGN_DATA_DIR", d),
+                ("COUNTERSIGN_LISTEN", "127.0.0.1:9001"),
+                ("COUNTERSIGN_OPERATOR_TOOLS", "false"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.listen.port(), 9001);
+        assert!(!c.operator_tools);
+
+        let flags = Overrides {
+            listen: Some("127.0.0.1:9002".into()),
+            ..Overrides::default()
+        };
+        let c = Config::resolve(
+            &flags,
+            &vars(&[
+                ("COUNTERSIGN_DATA_DIR", d),
+                ("COUNTERSIGN_LISTEN", "127.0.0.1:9001"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.listen.port(), 9002);
+    }
+
+    #[test]
+    fn unknown_keys_and_variables_are_errors() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("c.toml");
+        std::fs::write(&path, "listne = \"127.0.0.1:1\"\n").unwrap();
+        let flags = Overrides {
+            config: Some(path),
+            ..Overrides::default()
+        };
+        let err = Config::resolve(&flags, &[]).unwrap_err();
+        assert!(format!("{err:#}").contains("listne"), "{err:#}");
+
+        let err = Config::resolve(&Overrides::default(), &vars(&[("COUNTERSIGN_LISTN", "x")]))
+            .unwrap_err();
+        assert!(err.to_string().contains("COUNTERSIGN_LISTN"));
+
+        let err = Config::resolve(
+            &Overrides::default(),
+            &vars(&[("COUNTERSIGN_LISTEN", "localhost")]),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("not an IP:port"));
+    }
+}

@@ -1,0 +1,66 @@
+//! Opening a data directory: the database, the signing key and the gate over them.
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use countersign_core::{Clock, Limits, Principal, Role, SystemClock};
+use countersign_server::{Gate, KeyRing};
+use countersign_sqlite::SqliteStore;
+use countersign_store::{ChangeFeed, Store};
+
+use crate::config::Config;
+
+/// Creates the data directory (mode 0700) if needed, then opens the store and the keys.
+pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
+    let dir = &config.data_dir;
+    if !dir.exists() {
+        fs::create_dir_all(dir)
+            .with_context(|| format!("could not create the data directory {}", dir.display()))?;
+        fs::set_permissions(dir, fs::Permissions::from_mode(0o700))
+            .with_context(|| format!("could not restrict {}", dir.display()))?;
+    } else if !dir.is_dir() {
+        bail!("the data directory {} is not a directory", dir.display());
+    }
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let keys = KeyRing::open_or_create(&config.keys_dir(), clock.now())
+        .context("could not load the signing key")?;
+    let store: Arc<dyn Store> = Arc::new(
+        SqliteStore::open(&config.database_path())
+            .with_context(|| format!("could not open {}", config.database_path().display()))?,
+    );
+    let feed = ChangeFeed::start(store.clone(), Duration::from_millis(config.feed_poll_ms))
+        .await
+        .context("could not read the event log")?;
+    Ok(Arc::new(Gate::new(
+        store,
+        feed,
+        Arc::new(keys),
+        clock,
+        Limits::default(),
+    )))
+}
+
+/// The operating-system user running this process.
+pub fn os_user() -> String {
+    whoami::username()
+}
+
+/// Who a local command acts as: the OS user, as an admin of this data directory.
+pub fn local_admin() -> Principal {
+    Principal::local_user(&os_user(), Role::Admin)
+}
+
+/// Who a stdio MCP process acts as: an agent, named after the OS user (or `--agent-name`)
+/// and kept distinct from the same user deciding at a terminal.
+pub fn stdio_agent(name: Option<&str>) -> Principal {
+    let name = name.map(str::to_string).unwrap_or_else(os_user);
+    Principal {
+        id: format!("stdio:{name}"),
+        display_name: name,
+        role: Role::Agent,
+        auth_method: countersign_core::AuthMethod::LocalOsUser,
+    }
+}
