@@ -16,6 +16,7 @@ use countersign_core::{
 };
 use countersign_store::{ChangeFeed, Created, RequestQuery, Store, StoreError};
 use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 use crate::error::GateError;
 use crate::keyring::KeyRing;
@@ -62,6 +63,8 @@ pub struct Gate {
     keys: Arc<KeyRing>,
     clock: Arc<dyn Clock>,
     limits: Limits,
+    /// Cancelled when the process shuts down: waits return the current state at once.
+    stopping: CancellationToken,
 }
 
 impl Gate {
@@ -78,7 +81,14 @@ impl Gate {
             keys,
             clock,
             limits,
+            stopping: CancellationToken::new(),
         }
+    }
+
+    /// Ends every wait in progress (each returns the request's current state, so its
+    /// client can call again elsewhere) and makes new waits return at once.
+    pub fn begin_shutdown(&self) {
+        self.stopping.cancel();
     }
 
     pub fn store(&self) -> &Arc<dyn Store> {
@@ -197,6 +207,7 @@ impl Gate {
             let wake = deadline.min(expiry).min(next_progress);
             tokio::select! {
                 _ = watch.changed() => {}
+                _ = self.stopping.cancelled() => return self.get(who, id).await,
                 _ = tokio::time::sleep_until(wake) => {
                     if Instant::now() >= next_progress {
                         progress(start.elapsed());

@@ -1077,7 +1077,6 @@ async fn several_stdio_processes_share_one_data_dir() {
 // Shutdown ---------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: on SIGTERM, serve holds in-flight long polls for its 5 s drain, then drops them without a response (and exits ~7 s after the signal)"]
 async fn serve_answers_long_polls_when_it_shuts_down() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("d");
@@ -1113,7 +1112,6 @@ async fn serve_answers_long_polls_when_it_shuts_down() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "bug: `countersign verify` with the data directory's keys says `valid` (exit 0) for an approval already used by record_action; the server's verify_proof says already_used"]
 async fn verify_in_the_data_dir_knows_a_used_approval() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("d");

@@ -59,9 +59,13 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
     }
 
     let signal = shutdown.clone();
+    let stopping = gate.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
         tracing::info!("shutting down");
+        // Long polls answer with the current state first, so clients retry elsewhere
+        // instead of losing their connection.
+        stopping.begin_shutdown();
         signal.cancel();
     });
     let server = axum::serve(listener, app).with_graceful_shutdown({

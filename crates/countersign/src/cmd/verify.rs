@@ -7,6 +7,8 @@ use clap::Args;
 use countersign_core::proof::{self, VerifyOptions};
 use countersign_core::{Action, Envelope, Jwks, Timestamp};
 use countersign_server::KeyRing;
+use countersign_sqlite::SqliteStore;
+use countersign_store::Store;
 use serde_json::Value;
 
 use crate::config::Config;
@@ -16,7 +18,8 @@ pub struct VerifyArgs {
     /// The proof: a DSSE envelope, or a request as the API returns it (with a `proof`
     /// field). `-` reads standard input.
     pub proof: PathBuf,
-    /// Verify against this JWKS file (default: the keys in the data directory).
+    /// Verify against this JWKS file (default: the keys in the data directory, whose
+    /// database also tells whether the approval was already used).
     #[arg(long, value_name = "FILE", conflicts_with = "server")]
     pub jwks: Option<PathBuf>,
     /// Fetch the JWKS from this countersign server (e.g. http://127.0.0.1:8787).
@@ -35,8 +38,11 @@ pub struct VerifyArgs {
 }
 
 pub async fn run(config: &Config, args: &VerifyArgs) -> anyhow::Result<ExitCode> {
-    let envelope = read_envelope(&args.proof)?;
+    let (envelope, mut used) = read_envelope(&args.proof)?;
     let jwks = load_jwks(config, args).await?;
+    if args.jwks.is_none() && args.server.is_none() && used.is_none() {
+        used = local_use(config, &envelope).await?;
+    }
     let action = args.action.as_deref().map(read_action).transpose()?;
     let now = match &args.at {
         Some(at) => {
@@ -50,7 +56,7 @@ pub async fn run(config: &Config, args: &VerifyArgs) -> anyhow::Result<ExitCode>
         &VerifyOptions {
             now: Some(now),
             expected_action: action.as_ref(),
-            used: None,
+            used,
         },
     );
     if args.json {
@@ -102,11 +108,25 @@ fn read_json(path: &Path) -> anyhow::Result<Value> {
     serde_json::from_str(&text).with_context(|| format!("{} is not JSON", path.display()))
 }
 
-fn read_envelope(path: &Path) -> anyhow::Result<Envelope> {
+/// The envelope, and the use recorded beside it when the file is a request as the API
+/// returns it (a file that says the approval was used is believed: that only makes the
+/// verdict stricter).
+fn read_envelope(path: &Path) -> anyhow::Result<(Envelope, Option<(Timestamp, String)>)> {
     let value = read_json(path)?;
+    let mut used = None;
     let envelope = if value.get("payloadType").is_some() {
         value
     } else if let Some(proof) = value.get("proof").filter(|p| !p.is_null()) {
+        if let Some(record) = value.get("used").filter(|u| !u.is_null()) {
+            let at = record
+                .get("recorded_at")
+                .and_then(Value::as_str)
+                .and_then(|t| Timestamp::parse(t).ok());
+            let tool = record.get("tool").and_then(Value::as_str).unwrap_or("?");
+            if let Some(at) = at {
+                used = Some((at, tool.to_string()));
+            }
+        }
         proof.clone()
     } else {
         bail!(
@@ -114,8 +134,30 @@ fn read_envelope(path: &Path) -> anyhow::Result<Envelope> {
             path.display()
         );
     };
-    serde_json::from_value(envelope)
-        .with_context(|| format!("{} is not a valid DSSE envelope", path.display()))
+    let envelope = serde_json::from_value(envelope)
+        .with_context(|| format!("{} is not a valid DSSE envelope", path.display()))?;
+    Ok((envelope, used))
+}
+
+/// Whether the data directory's database records a use of this proof's approval.
+async fn local_use(
+    config: &Config,
+    envelope: &Envelope,
+) -> anyhow::Result<Option<(Timestamp, String)>> {
+    let Some(statement) = envelope.unverified_statement() else {
+        return Ok(None);
+    };
+    let db = config.database_path();
+    if !db.exists() {
+        return Ok(None);
+    }
+    let store =
+        SqliteStore::open(&db).with_context(|| format!("could not open {}", db.display()))?;
+    let request = store.get_request(&statement.request_id).await?;
+    Ok(request
+        .filter(|r| r.action_digest == statement.action_digest)
+        .and_then(|r| r.action_record)
+        .map(|a| (a.recorded_at, a.tool)))
 }
 
 fn read_action(path: &Path) -> anyhow::Result<Action> {
