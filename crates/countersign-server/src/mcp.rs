@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use countersign_core::{Action, Channel, DecisionInput, Principal, Status, Verdict};
+use countersign_core::{Channel, DecisionInput, Principal, Status, Verdict};
 use countersign_store::RequestQuery;
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
@@ -266,17 +266,7 @@ impl McpService {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<VerifyOutput>, CallToolResult> {
         self.caller(&ctx)?;
-        let action = match (input.action_description, input.action_details) {
-            (None, None) => None,
-            (Some(description), details) => {
-                Some(Action::new(description, details.unwrap_or_default()))
-            }
-            (None, Some(_)) => {
-                return Err(tool_error(GateError::BadInput(
-                    "action_details were given without action_description; give both to check the action".into(),
-                )));
-            }
-        };
+        let action = input.action().map_err(tool_error)?;
         let report = self
             .gate
             .verify_proof(&input.proof.into(), action.as_ref())

@@ -8,7 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use countersign_core::{Action, Channel, DecisionInput, Role, Status, TokenRecord};
+use countersign_core::{Channel, DecisionInput, Role, Status, TokenRecord};
 use countersign_store::RequestQuery;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -18,8 +18,8 @@ use crate::auth::{AdminAuth, AnyAuth, ApproverAuth};
 use crate::error::GateError;
 use crate::mcp::{DEFAULT_WAIT_SECONDS, MAX_WAIT_SECONDS, parse_decision};
 use crate::views::{
-    ApprovalView, DecisionBody, RecordActionInput, RequestApprovalInput, RequestApprovalOutput,
-    VerifyOutput, VerifyProofInput,
+    ApprovalView, DecisionBody, RequestApprovalInput, RequestApprovalOutput, VerifyOutput,
+    VerifyProofInput,
 };
 
 /// An error as a JSON response: `{"error": {"code": ..., "message": ...}}`.
@@ -291,14 +291,9 @@ async fn record_action(
     Path(id): Path<String>,
     ApiJson(body): ApiJson<ActionBody>,
 ) -> Result<Json<ApprovalView>, ApiError> {
-    let input = RecordActionInput {
-        request_id: id,
-        tool: body.tool,
-        details: body.details,
-    };
     let request = state
         .gate
-        .record_action(&who, &input.request_id, input.tool, input.details)
+        .record_action(&who, &id, body.tool, body.details)
         .await?;
     Ok(Json(ApprovalView::new(&request)))
 }
@@ -308,16 +303,7 @@ async fn verify_proof(
     AnyAuth(_who): AnyAuth,
     ApiJson(input): ApiJson<VerifyProofInput>,
 ) -> Result<Json<VerifyOutput>, ApiError> {
-    let action = match (input.action_description, input.action_details) {
-        (None, None) => None,
-        (Some(d), details) => Some(Action::new(d, details.unwrap_or_default())),
-        (None, Some(_)) => {
-            return Err(GateError::BadInput(
-                "action_details were given without action_description".into(),
-            )
-            .into());
-        }
-    };
+    let action = input.action()?;
     let report = state
         .gate
         .verify_proof(&input.proof.into(), action.as_ref())

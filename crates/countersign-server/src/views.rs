@@ -292,6 +292,22 @@ pub struct VerifyProofInput {
     pub action_details: Option<BTreeMap<String, String>>,
 }
 
+impl VerifyProofInput {
+    /// The action to check the proof against, if the caller gave one.
+    pub fn action(&self) -> Result<Option<countersign_core::Action>, crate::GateError> {
+        match (&self.action_description, &self.action_details) {
+            (None, None) => Ok(None),
+            (Some(description), details) => Ok(Some(countersign_core::Action::new(
+                description.clone(),
+                details.clone().unwrap_or_default(),
+            ))),
+            (None, Some(_)) => Err(crate::GateError::BadInput(
+                "action_details were given without action_description; give both to check the action".into(),
+            )),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct ProblemView {
     /// A stable code: malformed_envelope, wrong_payload_type, unknown_key, bad_signature,
