@@ -132,15 +132,16 @@ impl ApprovalRequest {
         };
         let statement = Statement::for_decision(self, &decision);
         let proof = Envelope::sign_statement(&statement, signer);
+        let request = Self {
+            version: self.version + 1,
+            status: verdict.status(),
+            decision: Some(decision.clone()),
+            proof: Some(proof),
+            ..self.clone()
+        };
         Ok(Transition {
-            event: Event::decided(&self.id, &decision),
-            request: Self {
-                version: self.version + 1,
-                status: verdict.status(),
-                decision: Some(decision),
-                proof: Some(proof),
-                ..self.clone()
-            },
+            event: Event::decided(&request, &decision),
+            request,
         })
     }
 }

@@ -1,133 +1,293 @@
-//! Events: what every state change emits, in the same transaction as the change.
+//! Events: what every state change emits, in the same transaction as the change, and the
+//! log entries they become.
 //!
-//! The store keeps them in order; waiters and live views are woken by them, and the
-//! transparency log is built over their exact bytes.
-
-use std::collections::BTreeMap;
+//! An event has public data (who, what kind, digests, decisions) and, optionally, a
+//! sensitive payload (the action's text, comments, free-form details). Sealing an event
+//! with a random salt produces its **log entry**: the RFC 8785 canonical JSON of
+//! `{"v":1, "type", "at", "actor", "subject", "data", "payload"}` where `payload` is a
+//! salted commitment `sha256:hex(SHA-256(salt || JCS(payload)))` instead of the payload
+//! itself. The entry's exact bytes are the Merkle leaf. The payload and its salt are
+//! kept beside the log: disclosing them opens the commitment; withholding them (a
+//! redacted evidence bundle) hides the values while everything else still verifies.
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use sha2::{Digest, Sha256};
 
-use crate::action::{Action, ActionDigest};
-use crate::decision::{Decision, Verdict};
-use crate::principal::{Approver, Requester, Role};
-use crate::proof::AuthorizationType;
+use crate::decision::Decision;
 use crate::request::ApprovalRequest;
 use crate::time::Timestamp;
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// The log entry format version.
+pub const ENTRY_VERSION: u32 = 1;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    RequestCreated,
+    RequestDecided,
+    RequestTimedOut,
+    RequestCancelled,
+    ActionRecorded,
+    OutcomeRecorded,
+    ReviewRecorded,
+    DecisionRecorded,
+    TokenCreated,
+    TokenRevoked,
+    KeyRotated,
+}
+
+impl EventKind {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            EventKind::RequestCreated => "request_created",
+            EventKind::RequestDecided => "request_decided",
+            EventKind::RequestTimedOut => "request_timed_out",
+            EventKind::RequestCancelled => "request_cancelled",
+            EventKind::ActionRecorded => "action_recorded",
+            EventKind::OutcomeRecorded => "outcome_recorded",
+            EventKind::ReviewRecorded => "review_recorded",
+            EventKind::DecisionRecorded => "decision_recorded",
+            EventKind::TokenCreated => "token_created",
+            EventKind::TokenRevoked => "token_revoked",
+            EventKind::KeyRotated => "key_rotated",
+        }
+    }
+}
+
+/// An event before sealing.
+#[derive(Debug, Clone, PartialEq)]
 pub struct Event {
+    pub kind: EventKind,
     pub at: Timestamp,
     /// The authenticated principal that caused it; `None` for the system (expiry).
     pub actor: Option<String>,
-    #[serde(flatten)]
-    pub body: EventBody,
+    /// The request (or recorded decision) it is about; `None` for tokens and keys.
+    pub subject: Option<String>,
+    /// Public fields, always in the log entry.
+    pub data: Map<String, Value>,
+    /// Sensitive fields, committed to in the log entry and kept beside it.
+    pub payload: Option<Value>,
 }
 
+/// The log entry: what the Merkle leaf is made of.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(tag = "type", rename_all = "snake_case")]
-pub enum EventBody {
-    RequestCreated {
-        request_id: String,
-        action: Action,
-        action_digest: ActionDigest,
-        requested_by: Requester,
-        expires_at: Timestamp,
-        valid_for_seconds: u64,
-    },
-    RequestDecided {
-        request_id: String,
-        decision: Verdict,
-        authorization_type: AuthorizationType,
-        approvers: Vec<Approver>,
-        comment: Option<String>,
-        fields: BTreeMap<String, String>,
-        valid_until: Timestamp,
-        nonce: String,
-    },
-    RequestTimedOut {
-        request_id: String,
-        expires_at: Timestamp,
-    },
-    RequestCancelled {
-        request_id: String,
-    },
-    ActionRecorded {
-        request_id: String,
-        action_digest: ActionDigest,
-        tool: String,
-        details: BTreeMap<String, String>,
-    },
-    TokenCreated {
-        token_id: String,
-        name: String,
-        role: Role,
-    },
-    TokenRevoked {
-        token_id: String,
-        name: String,
-    },
+#[serde(deny_unknown_fields)]
+pub struct LogEntry {
+    pub v: u32,
+    #[serde(rename = "type")]
+    pub kind: EventKind,
+    pub at: Timestamp,
+    pub actor: Option<String>,
+    pub subject: Option<String>,
+    pub data: Map<String, Value>,
+    /// `sha256:` + hex of SHA-256(salt || JCS(payload)), when the event has a payload.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub payload: Option<String>,
+}
+
+impl LogEntry {
+    /// The entry's exact bytes: RFC 8785 canonical JSON.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        // Maps of JSON values always canonicalize.
+        serde_json_canonicalizer::to_vec(self).unwrap_or_default()
+    }
+
+    /// The request version this entry records, for request events.
+    pub fn version(&self) -> Option<u64> {
+        self.data.get("version").and_then(Value::as_u64)
+    }
+}
+
+/// The opening of a payload commitment: the salt (hex) and the payload.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PayloadOpening {
+    pub salt: String,
+    pub payload: Value,
+}
+
+impl PayloadOpening {
+    /// The commitment this opening opens, or `None` if the salt is not 32 hex bytes.
+    pub fn commitment(&self) -> Option<String> {
+        let salt = hex::decode(&self.salt).ok()?;
+        if salt.len() != 32 {
+            return None;
+        }
+        Some(commitment(&salt, &self.payload))
+    }
+}
+
+/// `sha256:` + hex(SHA-256(salt || JCS(payload))).
+pub fn commitment(salt: &[u8], payload: &Value) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(salt);
+    hasher.update(serde_json_canonicalizer::to_vec(payload).unwrap_or_default());
+    format!("sha256:{}", hex::encode(hasher.finalize()))
+}
+
+/// An event ready to store: its entry, the entry's bytes, and the payload opening.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SealedEvent {
+    pub entry: LogEntry,
+    pub bytes: Vec<u8>,
+    pub payload: Option<PayloadOpening>,
 }
 
 impl Event {
+    /// Seals the event with `salt` (32 fresh random bytes, supplied by the caller).
+    pub fn seal(&self, salt: [u8; 32]) -> SealedEvent {
+        let payload = self.payload.as_ref().map(|p| PayloadOpening {
+            salt: hex::encode(salt),
+            payload: p.clone(),
+        });
+        let entry = LogEntry {
+            v: ENTRY_VERSION,
+            kind: self.kind,
+            at: self.at,
+            actor: self.actor.clone(),
+            subject: self.subject.clone(),
+            data: self.data.clone(),
+            payload: self.payload.as_ref().map(|p| commitment(&salt, p)),
+        };
+        SealedEvent {
+            bytes: entry.to_bytes(),
+            entry,
+            payload,
+        }
+    }
+
     pub fn kind(&self) -> &'static str {
-        match &self.body {
-            EventBody::RequestCreated { .. } => "request_created",
-            EventBody::RequestDecided { .. } => "request_decided",
-            EventBody::RequestTimedOut { .. } => "request_timed_out",
-            EventBody::RequestCancelled { .. } => "request_cancelled",
-            EventBody::ActionRecorded { .. } => "action_recorded",
-            EventBody::TokenCreated { .. } => "token_created",
-            EventBody::TokenRevoked { .. } => "token_revoked",
-        }
+        self.kind.as_str()
     }
 
-    /// The request this event is about, if any: what waiters are keyed by.
-    pub fn request_id(&self) -> Option<&str> {
-        match &self.body {
-            EventBody::RequestCreated { request_id, .. }
-            | EventBody::RequestDecided { request_id, .. }
-            | EventBody::RequestTimedOut { request_id, .. }
-            | EventBody::RequestCancelled { request_id }
-            | EventBody::ActionRecorded { request_id, .. } => Some(request_id),
-            EventBody::TokenCreated { .. } | EventBody::TokenRevoked { .. } => None,
-        }
+    pub fn subject(&self) -> Option<&str> {
+        self.subject.as_deref()
     }
 
-    /// The exact bytes the store keeps (and the log will hash).
-    pub fn to_bytes(&self) -> Vec<u8> {
-        // Strings, maps and enums always serialize.
-        serde_json::to_vec(self).unwrap_or_default()
+    /// An event about a request at `request.version` (after the transition).
+    pub fn about(
+        kind: EventKind,
+        request: &ApprovalRequest,
+        at: Timestamp,
+        actor: Option<String>,
+        data: Value,
+        payload: Option<Value>,
+    ) -> Self {
+        let mut map = match data {
+            Value::Object(map) => map,
+            _ => Map::new(),
+        };
+        map.insert("version".into(), json!(request.version));
+        Self {
+            kind,
+            at,
+            actor,
+            subject: Some(request.id.clone()),
+            data: map,
+            payload,
+        }
     }
 
     pub fn created(request: &ApprovalRequest) -> Self {
-        Self {
-            at: request.requested_at,
-            actor: Some(request.requested_by.id.clone()),
-            body: EventBody::RequestCreated {
-                request_id: request.id.clone(),
-                action: request.action.clone(),
-                action_digest: request.action_digest.clone(),
-                requested_by: request.requested_by.clone(),
-                expires_at: request.expires_at,
-                valid_for_seconds: request.valid_for_seconds,
-            },
-        }
+        Self::about(
+            EventKind::RequestCreated,
+            request,
+            request.requested_at,
+            Some(request.requested_by.id.clone()),
+            json!({
+                "action_digest": request.action_digest,
+                "requested_by": request.requested_by,
+                "expires_at": request.expires_at,
+                "valid_for_seconds": request.valid_for_seconds,
+            }),
+            Some(json!({
+                "action": request.action,
+                "recipient_email": request.recipient_email,
+                "recipient_slack": request.recipient_slack,
+            })),
+        )
     }
 
-    pub fn decided(request_id: &str, decision: &Decision) -> Self {
+    pub fn decided(request: &ApprovalRequest, decision: &Decision) -> Self {
+        Self::about(
+            EventKind::RequestDecided,
+            request,
+            decision.decided_at,
+            decision.approvers.first().map(|a| a.id.clone()),
+            json!({
+                "decision": decision.decision,
+                "authorization_type": decision.authorization_type,
+                "approvers": decision.approvers,
+                "action_digest": request.action_digest,
+                "valid_until": decision.valid_until,
+                "nonce": decision.nonce,
+            }),
+            Some(json!({"comment": decision.comment, "fields": decision.fields})),
+        )
+    }
+
+    /// An event with no subject (tokens, keys).
+    pub fn system(kind: EventKind, at: Timestamp, actor: Option<String>, data: Value) -> Self {
         Self {
-            at: decision.decided_at,
-            actor: decision.approvers.first().map(|a| a.id.clone()),
-            body: EventBody::RequestDecided {
-                request_id: request_id.to_string(),
-                decision: decision.decision,
-                authorization_type: decision.authorization_type,
-                approvers: decision.approvers.clone(),
-                comment: decision.comment.clone(),
-                fields: decision.fields.clone(),
-                valid_until: decision.valid_until,
-                nonce: decision.nonce.clone(),
+            kind,
+            at,
+            actor,
+            subject: None,
+            data: match data {
+                Value::Object(map) => map,
+                _ => Map::new(),
             },
+            payload: None,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testutil::*;
+
+    #[test]
+    fn sealing_commits_to_the_payload_without_revealing_it() {
+        let request = pending();
+        let event = Event::created(&request);
+        let sealed = event.seal([7; 32]);
+        let text = String::from_utf8(sealed.bytes.clone()).unwrap();
+        assert!(
+            !text.contains("Globex") && !text.contains("Transfer"),
+            "{text}"
+        );
+        assert!(text.contains(request.action_digest.as_str()));
+        assert!(
+            text.starts_with("{\"actor\":"),
+            "canonical key order: {text}"
+        );
+        let opening = sealed.payload.clone().unwrap();
+        assert_eq!(opening.commitment(), sealed.entry.payload);
+        // A different salt gives a different commitment: equal payloads are unlinkable.
+        assert_ne!(event.seal([8; 32]).entry.payload, sealed.entry.payload);
+        // Any change to the payload breaks the opening.
+        let mut forged = opening.clone();
+        forged.payload["action"]["details"]["amount"] = json!("99999");
+        assert_ne!(forged.commitment(), sealed.entry.payload);
+        // The bytes round-trip.
+        let parsed: LogEntry = serde_json::from_slice(&sealed.bytes).unwrap();
+        assert_eq!(parsed, sealed.entry);
+        assert_eq!(parsed.to_bytes(), sealed.bytes);
+        assert_eq!(parsed.version(), Some(1));
+    }
+
+    #[test]
+    fn events_without_payload_have_no_commitment() {
+        let event = Event::system(
+            EventKind::TokenCreated,
+            t0(),
+            None,
+            json!({"token_id": "tok_1"}),
+        );
+        let sealed = event.seal([0; 32]);
+        assert!(sealed.payload.is_none());
+        assert!(!String::from_utf8(sealed.bytes).unwrap().contains("payload"));
     }
 }

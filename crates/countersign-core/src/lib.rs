@@ -6,10 +6,15 @@
 //! but the proof, the published keys (JWKS) and, optionally, the action.
 
 pub mod action;
+pub mod bundle;
+pub mod checkpoint;
 pub mod decision;
 pub mod error;
 pub mod event;
+pub mod evidence;
 pub mod keys;
+pub mod logcheck;
+pub mod merkle;
 pub mod principal;
 pub mod proof;
 pub mod request;
@@ -19,13 +24,15 @@ pub mod token;
 pub use action::{Action, ActionDigest};
 pub use decision::{ActionRecord, Decision, DecisionInput, Verdict};
 pub use error::CoreError;
-pub use event::{Event, EventBody};
+pub use event::{Event, EventKind, LogEntry, PayloadOpening, SealedEvent};
 pub use keys::{Jwk, Jwks, Signer};
 pub use principal::{Approver, AuthMethod, Channel, Principal, Role};
 pub use proof::{
     AuthorizationType, Envelope, Problem, ProblemCode, Statement, VerifyOptions, VerifyReport,
 };
-pub use request::{ApprovalRequest, Limits, NewRequest, RequestId, Status, Transition};
+pub use request::{
+    ApprovalRequest, Limits, NewRequest, RequestId, SealedTransition, Status, Transition,
+};
 pub use time::{Clock, FixedClock, SystemClock, Timestamp};
 pub use token::TokenRecord;
 

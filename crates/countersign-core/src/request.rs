@@ -18,10 +18,11 @@ use serde::{Deserialize, Serialize};
 use crate::action::{Action, ActionDigest};
 use crate::decision::{ActionRecord, Decision};
 use crate::error::{CoreError, NotUsable};
-use crate::event::{Event, EventBody};
+use crate::event::{Event, EventKind};
 use crate::principal::{Principal, Requester};
 use crate::proof::Envelope;
 use crate::time::Timestamp;
+use serde_json::json;
 
 /// A state change: the request's next state and the event that records it. The store
 /// writes both in one transaction or neither.
@@ -29,6 +30,23 @@ use crate::time::Timestamp;
 pub struct Transition {
     pub request: ApprovalRequest,
     pub event: Event,
+}
+
+impl Transition {
+    /// Seals the transition's event with `salt` (32 fresh random bytes).
+    pub fn seal(&self, salt: [u8; 32]) -> SealedTransition {
+        SealedTransition {
+            request: self.request.clone(),
+            event: self.event.seal(salt),
+        }
+    }
+}
+
+/// A transition ready to store: the request's next state and its sealed log entry.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SealedTransition {
+    pub request: ApprovalRequest,
+    pub event: crate::event::SealedEvent,
 }
 
 /// A request id, e.g. `req_0193a0c4e8b27c3f9d0e5b1a2c3d4e5f`.
@@ -166,6 +184,12 @@ pub struct ApprovalRequest {
     /// The action carried out under this approval; set once, which makes it single use.
     #[serde(default)]
     pub action_record: Option<ActionRecord>,
+    /// What happened when the action ran; recorded once, after the action.
+    #[serde(default)]
+    pub outcome: Option<crate::evidence::OutcomeRecord>,
+    /// Reviews by the operator-configured reviewer.
+    #[serde(default)]
+    pub reviews: Vec<crate::evidence::ReviewRecord>,
 }
 
 impl ApprovalRequest {
@@ -230,6 +254,8 @@ impl ApprovalRequest {
             proof: None,
             closed_at: None,
             action_record: None,
+            outcome: None,
+            reviews: Vec::new(),
         };
         Ok(Transition {
             event: Event::created(&request),
@@ -292,21 +318,22 @@ impl ApprovalRequest {
                 format!("request {} is not due until {}", self.id, self.expires_at),
             ));
         }
+        let request = Self {
+            version: self.version + 1,
+            status: Status::TimedOut,
+            closed_at: Some(now),
+            ..self.clone()
+        };
         Ok(Transition {
-            request: Self {
-                version: self.version + 1,
-                status: Status::TimedOut,
-                closed_at: Some(now),
-                ..self.clone()
-            },
-            event: Event {
-                at: now,
-                actor: None,
-                body: EventBody::RequestTimedOut {
-                    request_id: self.id.clone(),
-                    expires_at: self.expires_at,
-                },
-            },
+            event: Event::about(
+                EventKind::RequestTimedOut,
+                &request,
+                now,
+                None,
+                json!({"expires_at": self.expires_at}),
+                None,
+            ),
+            request,
         })
     }
 
@@ -321,20 +348,22 @@ impl ApprovalRequest {
                 self.requested_by.id, self.id
             )));
         }
+        let request = Self {
+            version: self.version + 1,
+            status: Status::Cancelled,
+            closed_at: Some(now),
+            ..self.clone()
+        };
         Ok(Transition {
-            request: Self {
-                version: self.version + 1,
-                status: Status::Cancelled,
-                closed_at: Some(now),
-                ..self.clone()
-            },
-            event: Event {
-                at: now,
-                actor: Some(by.id.clone()),
-                body: EventBody::RequestCancelled {
-                    request_id: self.id.clone(),
-                },
-            },
+            event: Event::about(
+                EventKind::RequestCancelled,
+                &request,
+                now,
+                Some(by.id.clone()),
+                json!({}),
+                None,
+            ),
+            request,
         })
     }
 
@@ -393,28 +422,26 @@ impl ApprovalRequest {
             )));
         }
         self.check_usable(now).map_err(CoreError::NotUsable)?;
-        let event = Event {
-            at: now,
-            actor: Some(by.id.clone()),
-            body: EventBody::ActionRecorded {
-                request_id: self.id.clone(),
-                action_digest: self.action_digest.clone(),
+        let request = Self {
+            version: self.version + 1,
+            action_record: Some(ActionRecord {
                 tool: tool.clone(),
                 details: details.clone(),
-            },
+                recorded_by: by.id.clone(),
+                recorded_at: now,
+            }),
+            ..self.clone()
         };
         Ok(Transition {
-            request: Self {
-                version: self.version + 1,
-                action_record: Some(ActionRecord {
-                    tool,
-                    details,
-                    recorded_by: by.id.clone(),
-                    recorded_at: now,
-                }),
-                ..self.clone()
-            },
-            event,
+            event: Event::about(
+                EventKind::ActionRecorded,
+                &request,
+                now,
+                Some(by.id.clone()),
+                json!({"action_digest": self.action_digest, "tool": tool}),
+                Some(json!({"details": details})),
+            ),
+            request,
         })
     }
 }
@@ -562,7 +589,7 @@ mod tests {
         assert_eq!(t.request.expires_at, t0().plus_seconds(24 * 3600));
         assert_eq!(t.request.valid_for_seconds, 900);
         assert_eq!(t.event.kind(), "request_created");
-        assert_eq!(t.event.request_id(), Some("req_x"));
+        assert_eq!(t.event.subject(), Some("req_x"));
         assert_eq!(
             t.request.action_digest.as_str(),
             "sha256:63f9d847294aced392cec1056dda9f0b363c14c0f6838dd72844f3e926fa2adb"
