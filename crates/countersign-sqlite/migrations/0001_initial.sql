@@ -33,19 +33,51 @@ CREATE INDEX requests_recent ON requests (requested_at, id);
 CREATE INDEX requests_status_recent ON requests (status, requested_at, id);
 CREATE INDEX requests_requester_recent ON requests (requested_by, requested_at, id);
 
--- Every state change, in commit order. `seq` is assigned by the writer as max + 1 inside
--- the write transaction (not AUTOINCREMENT), so it is gap-free even when a job rolls
--- back to its savepoint; rows are never deleted. `bytes` are exactly Event::to_bytes(),
--- the bytes the transparency log hashes.
+-- Every state change, in commit order: the transparency log's entries. `seq` is assigned
+-- by the writer as max + 1 inside the write transaction (not AUTOINCREMENT), so it is
+-- gap-free even when a job rolls back to its savepoint; rows are never updated or
+-- deleted. `bytes` are exactly the log entry (the Merkle leaf is SHA-256(0x00 || bytes));
+-- log index = seq - 1. `subject` is the request (or recorded decision) it is about.
 CREATE TABLE events (
-    seq        INTEGER PRIMARY KEY NOT NULL,
-    at         INTEGER NOT NULL,
-    kind       TEXT NOT NULL,
-    request_id TEXT REFERENCES requests (id),
-    bytes      BLOB NOT NULL
+    seq     INTEGER PRIMARY KEY NOT NULL,
+    at      INTEGER NOT NULL,
+    kind    TEXT NOT NULL,
+    subject TEXT,
+    bytes   BLOB NOT NULL
 ) STRICT;
 
-CREATE INDEX events_request ON events (request_id) WHERE request_id IS NOT NULL;
+CREATE INDEX events_subject ON events (subject, seq) WHERE subject IS NOT NULL;
+
+-- The openings of the entries' payload commitments: the salt (hex) and the payload JSON.
+-- Kept apart from the entries so that a payload can be erased while the log verifies.
+CREATE TABLE payloads (
+    seq     INTEGER PRIMARY KEY NOT NULL REFERENCES events (seq),
+    salt    TEXT NOT NULL,
+    payload TEXT NOT NULL
+) STRICT;
+
+-- Log settings: `origin` (the checkpoint origin line, fixed at first start) and
+-- `integrated_size` (how many entries have their Merkle nodes below).
+CREATE TABLE log_meta (
+    key   TEXT PRIMARY KEY NOT NULL,
+    value TEXT NOT NULL
+) STRICT;
+
+-- Roots of perfect Merkle subtrees: (level, idx) covers entries
+-- [idx * 2^level, (idx + 1) * 2^level); level 0 holds the leaf hashes.
+CREATE TABLE log_nodes (
+    level INTEGER NOT NULL,
+    idx   INTEGER NOT NULL,
+    hash  BLOB NOT NULL,
+    PRIMARY KEY (level, idx)
+) STRICT, WITHOUT ROWID;
+
+-- Signed checkpoints (C2SP tlog-checkpoint notes), one per tree size.
+CREATE TABLE checkpoints (
+    size       INTEGER PRIMARY KEY NOT NULL,
+    note       TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+) STRICT;
 
 -- Bearer tokens, by the SHA-256 of the secret only; revoked tokens stay, for the record.
 CREATE TABLE tokens (

@@ -1,27 +1,39 @@
-//! The event log: every state change, gap-free and in commit order.
+//! The event log: every state change, gap-free and in commit order, with the openings of
+//! the entries' payload commitments beside it.
 
-use countersign_core::Event;
+use std::collections::BTreeMap;
+
+use countersign_core::{LogEntry, PayloadOpening, SealedEvent};
 use countersign_store::{StoreError, StoredEvent};
-use rusqlite::{Connection, params};
+use rusqlite::{Connection, params, params_from_iter};
 
-use crate::error::{corrupt, db_err, to_sql_int};
+use crate::error::{corrupt, db_err, encode_err, to_sql_int};
 
 /// An event ready to insert, encoded on the caller's thread rather than the writer's.
 pub(crate) struct EventRow {
     at: i64,
     kind: &'static str,
-    request_id: Option<String>,
+    subject: Option<String>,
     bytes: Vec<u8>,
+    payload: Option<(String, String)>,
 }
 
 impl EventRow {
-    pub(crate) fn of(event: &Event) -> Self {
-        Self {
-            at: event.at.millis(),
-            kind: event.kind(),
-            request_id: event.request_id().map(str::to_string),
-            bytes: event.to_bytes(),
-        }
+    pub(crate) fn of(event: &SealedEvent) -> Result<Self, StoreError> {
+        let payload = match &event.payload {
+            Some(opening) => Some((
+                opening.salt.clone(),
+                serde_json::to_string(&opening.payload).map_err(|e| encode_err("a payload", e))?,
+            )),
+            None => None,
+        };
+        Ok(Self {
+            at: event.entry.at.millis(),
+            kind: event.entry.kind.as_str(),
+            subject: event.entry.subject.clone(),
+            bytes: event.bytes.clone(),
+            payload,
+        })
     }
 }
 
@@ -33,18 +45,46 @@ impl EventRow {
 pub(crate) fn append(conn: &Connection, event: &EventRow) -> Result<u64, StoreError> {
     let seq: i64 = conn
         .prepare_cached(
-            "INSERT INTO events (seq, at, kind, request_id, bytes)
+            "INSERT INTO events (seq, at, kind, subject, bytes)
              SELECT coalesce(max(seq), 0) + 1, ?1, ?2, ?3, ?4 FROM events
              RETURNING seq",
         )
         .and_then(|mut stmt| {
             stmt.query_row(
-                params![event.at, event.kind, event.request_id, event.bytes],
+                params![event.at, event.kind, event.subject, event.bytes],
                 |row| row.get(0),
             )
         })
         .map_err(db_err("append an event"))?;
+    if let Some((salt, payload)) = &event.payload {
+        conn.prepare_cached("INSERT INTO payloads (seq, salt, payload) VALUES (?1, ?2, ?3)")
+            .and_then(|mut stmt| stmt.execute(params![seq, salt, payload]))
+            .map_err(db_err("store an event's payload"))?;
+    }
     Ok(seq.max(0) as u64)
+}
+
+fn decode_rows(
+    stmt: &mut rusqlite::CachedStatement<'_>,
+    params: impl rusqlite::Params,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let rows = stmt
+        .query_map(params, |row| {
+            Ok((row.get::<_, i64>(0)?, row.get::<_, Vec<u8>>(1)?))
+        })
+        .map_err(db_err("read events"))?;
+    let mut events = Vec::new();
+    for row in rows {
+        let (seq, bytes) = row.map_err(db_err("read events"))?;
+        let entry: LogEntry =
+            serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("log entry {seq}"), e))?;
+        events.push(StoredEvent {
+            seq: seq.max(0) as u64,
+            entry,
+            bytes,
+        });
+    }
+    Ok(events)
 }
 
 pub(crate) fn after(
@@ -55,23 +95,45 @@ pub(crate) fn after(
     let mut stmt = conn
         .prepare_cached("SELECT seq, bytes FROM events WHERE seq > ?1 ORDER BY seq LIMIT ?2")
         .map_err(db_err("read events"))?;
-    let rows = stmt
-        .query_map(params![to_sql_int(after), to_sql_int(limit)], |row| {
-            Ok((row.get::<_, i64>(0)?, row.get::<_, Vec<u8>>(1)?))
-        })
-        .map_err(db_err("read events"))?;
-    let mut events = Vec::new();
-    for row in rows {
-        let (seq, bytes) = row.map_err(db_err("read events"))?;
-        let event: Event =
-            serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("event {seq}"), e))?;
-        events.push(StoredEvent {
-            seq: seq.max(0) as u64,
-            event,
-            bytes,
-        });
+    decode_rows(&mut stmt, params![to_sql_int(after), to_sql_int(limit)])
+}
+
+pub(crate) fn of_subject(conn: &Connection, subject: &str) -> Result<Vec<StoredEvent>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached("SELECT seq, bytes FROM events WHERE subject = ?1 ORDER BY seq")
+        .map_err(db_err("read a subject's events"))?;
+    decode_rows(&mut stmt, params![subject])
+}
+
+pub(crate) fn payloads(
+    conn: &Connection,
+    seqs: &[u64],
+) -> Result<BTreeMap<u64, PayloadOpening>, StoreError> {
+    let mut out = BTreeMap::new();
+    for chunk in seqs.chunks(500) {
+        let marks = vec!["?"; chunk.len()].join(",");
+        let sql = format!("SELECT seq, salt, payload FROM payloads WHERE seq IN ({marks})");
+        let mut stmt = conn.prepare(&sql).map_err(db_err("read payloads"))?;
+        let rows = stmt
+            .query_map(
+                params_from_iter(chunk.iter().map(|s| to_sql_int(*s))),
+                |row| {
+                    Ok((
+                        row.get::<_, i64>(0)?,
+                        row.get::<_, String>(1)?,
+                        row.get::<_, String>(2)?,
+                    ))
+                },
+            )
+            .map_err(db_err("read payloads"))?;
+        for row in rows {
+            let (seq, salt, payload) = row.map_err(db_err("read payloads"))?;
+            let payload =
+                serde_json::from_str(&payload).map_err(|e| corrupt(format!("payload {seq}"), e))?;
+            out.insert(seq.max(0) as u64, PayloadOpening { salt, payload });
+        }
     }
-    Ok(events)
+    Ok(out)
 }
 
 pub(crate) fn last_seq(conn: &Connection) -> Result<u64, StoreError> {

@@ -11,6 +11,7 @@
 
 mod error;
 mod events;
+mod log;
 mod readers;
 mod requests;
 mod schema;
@@ -22,8 +23,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use countersign_core::{ApprovalRequest, Event, Timestamp, TokenRecord, Transition};
-use countersign_store::{Created, RequestQuery, Store, StoreError, StoredEvent};
+use std::collections::BTreeMap;
+
+use countersign_core::merkle::{Hash, NodeId};
+use countersign_core::{
+    ApprovalRequest, PayloadOpening, SealedEvent, SealedTransition, Timestamp, TokenRecord,
+};
+use countersign_store::{Created, RequestQuery, Store, StoreError, StoredCheckpoint, StoredEvent};
 
 use crate::error::db_err;
 use crate::events::EventRow;
@@ -124,7 +130,7 @@ impl SqliteStore {
 
 #[async_trait]
 impl Store for SqliteStore {
-    async fn create_request(&self, transition: &Transition) -> Result<Created, StoreError> {
+    async fn create_request(&self, transition: &SealedTransition) -> Result<Created, StoreError> {
         let row = TransitionRow::of(transition)?;
         match self
             .writer
@@ -141,10 +147,17 @@ impl Store for SqliteStore {
         self.readers.run(move |conn| requests::get(conn, &id)).await
     }
 
-    async fn apply(&self, transition: &Transition) -> Result<(), StoreError> {
+    async fn apply(&self, transition: &SealedTransition) -> Result<(), StoreError> {
         let row = TransitionRow::of(transition)?;
         self.writer
             .submit(move |conn| requests::apply(conn, &row))
+            .await
+    }
+
+    async fn append_event(&self, event: &SealedEvent) -> Result<u64, StoreError> {
+        let row = EventRow::of(event)?;
+        self.writer
+            .submit(move |conn| events::append(conn, &row))
             .await
     }
 
@@ -172,9 +185,13 @@ impl Store for SqliteStore {
         self.readers.run(requests::next_expiry).await
     }
 
-    async fn create_token(&self, token: &TokenRecord, event: &Event) -> Result<(), StoreError> {
+    async fn create_token(
+        &self,
+        token: &TokenRecord,
+        event: &SealedEvent,
+    ) -> Result<(), StoreError> {
         let token = token.clone();
-        let event = EventRow::of(event);
+        let event = EventRow::of(event)?;
         self.writer
             .submit(move |conn| tokens::insert(conn, &token, &event))
             .await
@@ -195,10 +212,10 @@ impl Store for SqliteStore {
         &self,
         id: &str,
         at: Timestamp,
-        event: &Event,
+        event: &SealedEvent,
     ) -> Result<TokenRecord, StoreError> {
         let id = id.to_string();
-        let event = EventRow::of(event);
+        let event = EventRow::of(event)?;
         self.writer
             .submit(move |conn| tokens::revoke(conn, &id, at, &event))
             .await
@@ -210,8 +227,71 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn events_of_subject(&self, subject: &str) -> Result<Vec<StoredEvent>, StoreError> {
+        let subject = subject.to_string();
+        self.readers
+            .run(move |conn| events::of_subject(conn, &subject))
+            .await
+    }
+
+    async fn payloads(&self, seqs: &[u64]) -> Result<BTreeMap<u64, PayloadOpening>, StoreError> {
+        let seqs = seqs.to_vec();
+        self.readers
+            .run(move |conn| events::payloads(conn, &seqs))
+            .await
+    }
+
     async fn last_event_seq(&self) -> Result<u64, StoreError> {
         self.readers.run(events::last_seq).await
+    }
+
+    async fn log_origin(&self, origin: &str) -> Result<String, StoreError> {
+        let proposed = origin.to_string();
+        // Read first: once set, the origin never changes, and reads need no write lock.
+        if let Some(existing) = self.readers.run(|conn| log::meta(conn, "origin")).await? {
+            return Ok(existing);
+        }
+        self.writer
+            .submit(move |conn| log::origin(conn, &proposed))
+            .await
+    }
+
+    async fn integrated_size(&self) -> Result<u64, StoreError> {
+        self.readers.run(log::integrated_size).await
+    }
+
+    async fn integrate(
+        &self,
+        from: u64,
+        to: u64,
+        nodes: &[(NodeId, Hash)],
+    ) -> Result<bool, StoreError> {
+        let nodes = nodes.to_vec();
+        self.writer
+            .submit(move |conn| log::integrate(conn, from, to, &nodes))
+            .await
+    }
+
+    async fn log_nodes(&self, ids: &[NodeId]) -> Result<BTreeMap<NodeId, Hash>, StoreError> {
+        let ids = ids.to_vec();
+        self.readers.run(move |conn| log::nodes(conn, &ids)).await
+    }
+
+    async fn add_checkpoint(&self, checkpoint: &StoredCheckpoint) -> Result<(), StoreError> {
+        let checkpoint = checkpoint.clone();
+        self.writer
+            .submit(move |conn| log::add_checkpoint(conn, &checkpoint))
+            .await
+    }
+
+    async fn checkpoint(&self, size: Option<u64>) -> Result<Option<StoredCheckpoint>, StoreError> {
+        self.readers
+            .run(move |conn| log::checkpoint(conn, size))
+            .await
+    }
+
+    async fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, StoreError> {
+        self.readers.run(log::checkpoints).await
     }
 
     async fn check(&self) -> Result<(), StoreError> {

@@ -1,7 +1,7 @@
 //! Approval requests: insert with idempotency, compare-and-swap transitions, and the
 //! queries the server and the expiry sweeper need.
 
-use countersign_core::{ApprovalRequest, Status, Timestamp, Transition};
+use countersign_core::{ApprovalRequest, SealedTransition, Status, Timestamp};
 use countersign_store::{RequestQuery, StoreError};
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
@@ -23,7 +23,7 @@ pub(crate) struct TransitionRow {
 }
 
 impl TransitionRow {
-    pub(crate) fn of(transition: &Transition) -> Result<Self, StoreError> {
+    pub(crate) fn of(transition: &SealedTransition) -> Result<Self, StoreError> {
         let request = &transition.request;
         Ok(Self {
             id: request.id.clone(),
@@ -40,7 +40,7 @@ impl TransitionRow {
             expires_at: request.expires_at.millis(),
             body: serde_json::to_string(request)
                 .map_err(|e| encode_err(&format!("request {}", request.id), e))?,
-            event: EventRow::of(&transition.event),
+            event: EventRow::of(&transition.event)?,
         })
     }
 }

@@ -230,16 +230,25 @@ mod tests {
         (Arc::new(Writer::start(conn, &path).unwrap()), dir)
     }
 
-    /// Inserts an event row with the store's own numbering; `request_id` must exist
-    /// unless foreign keys are deferred.
-    fn append(conn: &Connection, request_id: Option<&str>) -> Result<i64, StoreError> {
+    /// Inserts an event row with the store's own numbering.
+    fn append(conn: &Connection) -> Result<i64, StoreError> {
         conn.query_row(
-            "INSERT INTO events (seq, at, kind, request_id, bytes)
-             SELECT coalesce(max(seq), 0) + 1, 0, 'test', ?1, x'' FROM events RETURNING seq",
-            [request_id],
+            "INSERT INTO events (seq, at, kind, subject, bytes)
+             SELECT coalesce(max(seq), 0) + 1, 0, 'test', NULL, x'' FROM events RETURNING seq",
+            [],
             |r| r.get(0),
         )
         .map_err(db_err("append"))
+    }
+
+    /// Inserts a payload for event `seq`, which must exist unless foreign keys are
+    /// deferred.
+    fn payload_of(conn: &Connection, seq: i64) -> Result<usize, StoreError> {
+        conn.execute(
+            "INSERT INTO payloads (seq, salt, payload) VALUES (?1, '', 'null')",
+            [seq],
+        )
+        .map_err(db_err("store a payload"))
     }
 
     fn count(conn: &Connection) -> Result<i64, StoreError> {
@@ -306,12 +315,12 @@ mod tests {
         let results = in_one_batch(
             &writer,
             vec![
-                Box::new(|conn: &Connection| append(conn, None)),
+                Box::new(|conn: &Connection| append(conn)),
                 Box::new(|conn: &Connection| {
-                    append(conn, None)?;
+                    append(conn)?;
                     Err(StoreError::Backend("job two fails after writing".into()))
                 }),
-                Box::new(|conn: &Connection| append(conn, None)),
+                Box::new(|conn: &Connection| append(conn)),
             ],
         )
         .await;
@@ -332,13 +341,14 @@ mod tests {
         let results = in_one_batch(
             &writer,
             vec![
-                Box::new(|conn: &Connection| append(conn, None)),
+                Box::new(|conn: &Connection| append(conn)),
                 Box::new(|conn: &Connection| {
                     conn.execute_batch("PRAGMA defer_foreign_keys = ON")
                         .map_err(db_err("defer"))?;
-                    append(conn, Some("req_missing"))
+                    // A payload of an event that does not exist.
+                    payload_of(conn, 999).map(|_| 0)
                 }),
-                Box::new(|conn: &Connection| append(conn, None)),
+                Box::new(|conn: &Connection| append(conn)),
             ],
         )
         .await;
@@ -348,6 +358,6 @@ mod tests {
         }
         assert_eq!(writer.submit(count).await.unwrap(), 0, "nothing committed");
         // The next batch starts clean.
-        assert_eq!(writer.submit(|c| append(c, None)).await.unwrap(), 1);
+        assert_eq!(writer.submit(append).await.unwrap(), 1);
     }
 }

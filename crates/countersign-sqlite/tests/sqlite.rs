@@ -7,13 +7,16 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use countersign_core::{Status, Verdict};
+use countersign_core::merkle::CompactRange;
+use countersign_core::{EventKind, Status, Verdict};
 use countersign_sqlite::{Options, SCHEMA_VERSION, SqliteStore};
 use countersign_store::testsuite::{
-    agent, approver, at, decide, new_request, token, token_revoked,
+    agent, approver, assert_tree, at, decide, fill_log, grow, leaves, new_request, sealed, token,
+    token_revoked,
 };
 use countersign_store::{ChangeFeed, Created, RequestQuery, Store, StoreError, StoredEvent};
 use tempfile::TempDir;
+use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
 fn db_path(dir: &TempDir) -> PathBuf {
@@ -69,7 +72,7 @@ async fn everything_survives_reopening_and_settings_are_durable() {
     assert_eq!(pragmas.schema_version, SCHEMA_VERSION);
 
     let created = new_request("req_keep", &agent("deploy-bot"), 0, 3600, Some("k"));
-    store.create_request(&created).await.unwrap();
+    store.create_request(&sealed(&created)).await.unwrap();
     let decided = decide(
         &created.request,
         Verdict::Approved,
@@ -77,7 +80,7 @@ async fn everything_survives_reopening_and_settings_are_durable() {
         5,
         "n",
     );
-    store.apply(&decided).await.unwrap();
+    store.apply(&sealed(&decided)).await.unwrap();
     let (tok, tok_event) = token("tok_keep", "alice", "hash-keep", 1);
     store.create_token(&tok, &tok_event).await.unwrap();
     let revoked = store
@@ -114,11 +117,11 @@ async fn everything_survives_reopening_and_settings_are_durable() {
     // The idempotency key still holds, and numbering carries on.
     let retry = new_request("req_retry", &agent("deploy-bot"), 10, 3600, Some("k"));
     assert_eq!(
-        store.create_request(&retry).await.unwrap(),
+        store.create_request(&sealed(&retry)).await.unwrap(),
         Created::Existing(decided.request)
     );
     let next = new_request("req_next", &agent("deploy-bot"), 11, 3600, None);
-    store.create_request(&next).await.unwrap();
+    store.create_request(&sealed(&next)).await.unwrap();
     assert_eq!(store.last_event_seq().await.unwrap(), 5);
     store.check().await.unwrap();
 }
@@ -133,7 +136,7 @@ async fn two_stores_on_one_file_agree() {
 
     // First decision wins across both.
     let created = new_request("req_both", &agent("deploy-bot"), 0, 3600, None);
-    a.create_request(&created).await.unwrap();
+    a.create_request(&sealed(&created)).await.unwrap();
     let mut tasks = JoinSet::new();
     for i in 0..10 {
         for (name, store) in [("a", &a), ("b", &b)] {
@@ -145,7 +148,7 @@ async fn two_stores_on_one_file_agree() {
                 5,
                 &format!("nonce-{name}-{i}"),
             );
-            tasks.spawn(async move { store.apply(&transition).await });
+            tasks.spawn(async move { store.apply(&sealed(&transition)).await });
         }
     }
     let results = tasks.join_all().await;
@@ -161,7 +164,7 @@ async fn two_stores_on_one_file_agree() {
     for i in 0..40 {
         let store = if i % 2 == 0 { a.clone() } else { b.clone() };
         let transition = new_request(&format!("req_{i:02}"), &agent("bot"), i, 3600, None);
-        tasks.spawn(async move { store.create_request(&transition).await });
+        tasks.spawn(async move { store.create_request(&sealed(&transition)).await });
     }
     assert!(tasks.join_all().await.iter().all(Result::is_ok));
     let events = all_events(&*b).await;
@@ -171,21 +174,21 @@ async fn two_stores_on_one_file_agree() {
     assert_eq!(
         events
             .iter()
-            .filter(|e| e.event.kind() == "request_decided")
+            .filter(|e| e.entry.kind == EventKind::RequestDecided)
             .count(),
         1
     );
 
     // B's change feed sees a change made through A by polling alone: nothing pokes it.
     let watched = new_request("req_feed", &agent("bot"), 50, 3600, None);
-    a.create_request(&watched).await.unwrap();
+    a.create_request(&sealed(&watched)).await.unwrap();
     let feed = ChangeFeed::start(b.clone(), Duration::from_millis(100))
         .await
         .unwrap();
     let mut watch = feed.watch("req_feed");
     let cancelled = watched.request.cancel(&agent("bot"), at(51)).unwrap();
     let started = std::time::Instant::now();
-    a.apply(&cancelled).await.unwrap();
+    a.apply(&sealed(&cancelled)).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), watch.changed())
         .await
         .expect("B's feed sees A's write");
@@ -196,6 +199,139 @@ async fn two_stores_on_one_file_agree() {
     );
 }
 
+/// Integrators in two processes on one file (`serve` and a `countersign mcp` process)
+/// race over the same entries: the integrated size moves once, and both see one tree.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_stores_race_integration() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let a: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+    let b: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+
+    let mut range = CompactRange::empty();
+    let mut size = 0;
+    for (round, grow_by) in [11u64, 6].into_iter().enumerate() {
+        fill_log(&*a, &format!("req_{round}"), grow_by as usize).await;
+        let from = size;
+        size += grow_by;
+        // Each side computes the nodes from what it reads.
+        let nodes = Arc::new(grow(&mut range, &leaves(&*b, from, size).await));
+        let barrier = Arc::new(Barrier::new(8));
+        let mut tasks = JoinSet::new();
+        for i in 0..8 {
+            let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+            let barrier = barrier.clone();
+            let nodes = nodes.clone();
+            tasks.spawn(async move {
+                barrier.wait().await;
+                store.integrate(from, size, &nodes).await.unwrap()
+            });
+        }
+        let won = tasks.join_all().await;
+        assert_eq!(
+            won.iter().filter(|w| **w).count(),
+            1,
+            "round {round}: exactly one integrator wins across both stores: {won:?}"
+        );
+        for store in [&a, &b] {
+            assert_eq!(store.integrated_size().await.unwrap(), size);
+            assert_tree(&**store, size, &range.root()).await;
+        }
+    }
+}
+
+/// Erasing a payload (a data subject's request, say) removes only the opening: the
+/// entry keeps its bytes and its commitment, so the log hashes and proves as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_erased_payload_leaves_the_log_intact() {
+    let (store, dir) = fresh_sqlite();
+    let created = sealed(&new_request("req_erase", &agent("bot"), 0, 3600, None));
+    store.create_request(&created).await.unwrap();
+    let decided = sealed(&decide(
+        &created.request,
+        Verdict::Approved,
+        &approver("alice"),
+        5,
+        "n",
+    ));
+    store.apply(&decided).await.unwrap();
+    fill_log(&*store, "req_other", 3).await;
+
+    let size = store.last_event_seq().await.unwrap();
+    let mut range = CompactRange::empty();
+    let nodes = grow(&mut range, &leaves(&*store, 0, size).await);
+    assert!(store.integrate(0, size, &nodes).await.unwrap());
+    let root = range.root();
+    let events = all_events(&*store).await;
+    let seqs: Vec<u64> = (1..=size).collect();
+    let openings = store.payloads(&seqs).await.unwrap();
+    assert_eq!(openings.get(&1), created.event.payload.as_ref());
+    assert_eq!(openings.get(&2), decided.event.payload.as_ref());
+
+    let raw = rusqlite::Connection::open(db_path(&dir)).unwrap();
+    let erased = raw
+        .execute("DELETE FROM payloads WHERE seq = ?1", [1])
+        .unwrap();
+    assert_eq!(erased, 1, "the creation's payload row is removable");
+    drop(raw);
+
+    let after = store.payloads(&seqs).await.unwrap();
+    assert!(!after.contains_key(&1), "the opening is gone");
+    assert_eq!(after.get(&2), openings.get(&2), "other openings stay");
+    assert_eq!(after.len(), openings.len() - 1);
+    assert_eq!(all_events(&*store).await, events, "entries are untouched");
+    assert_eq!(events[0].bytes, created.event.bytes);
+    assert!(events[0].entry.payload.is_some(), "the commitment stays");
+    assert_eq!(
+        openings[&1].commitment(),
+        events[0].entry.payload,
+        "and a copy of the opening kept elsewhere still opens it"
+    );
+    // The leaves hash as before and every proof still verifies, across a reopen too.
+    let mut again = CompactRange::empty();
+    grow(&mut again, &leaves(&*store, 0, size).await);
+    assert_eq!(again.root(), root);
+    assert_tree(&*store, size, &root).await;
+    drop(store);
+    let reopened = SqliteStore::open(&db_path(&dir)).unwrap();
+    assert_eq!(reopened.integrated_size().await.unwrap(), size);
+    assert_tree(&reopened, size, &root).await;
+    assert!(!reopened.payloads(&[1]).await.unwrap().contains_key(&1));
+}
+
+/// Everything the log keeps survives reopening: origin, integrated size, nodes,
+/// checkpoints.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_survives_reopening() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(
+        store.log_origin("gate.example.com/log").await.unwrap(),
+        "gate.example.com/log"
+    );
+    fill_log(&store, "req", 5).await;
+    let mut range = CompactRange::empty();
+    let nodes = grow(&mut range, &leaves(&store, 0, 5).await);
+    assert!(store.integrate(0, 5, &nodes).await.unwrap());
+    let checkpoint = countersign_store::StoredCheckpoint {
+        size: 5,
+        note: "gate.example.com/log\n5\nroot\n\n— sig\n".into(),
+        created_at: at(1),
+    };
+    store.add_checkpoint(&checkpoint).await.unwrap();
+    drop(store);
+
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(
+        store.log_origin("other").await.unwrap(),
+        "gate.example.com/log"
+    );
+    assert_eq!(store.integrated_size().await.unwrap(), 5);
+    assert_tree(&store, 5, &range.root()).await;
+    assert_eq!(store.checkpoints().await.unwrap(), vec![checkpoint]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn concurrent_writes_share_commits() {
     let (store, _dir) = fresh_sqlite();
@@ -203,7 +339,7 @@ async fn concurrent_writes_share_commits() {
     for i in 0..500 {
         let store = store.clone();
         let transition = new_request(&format!("req_{i:03}"), &agent("bot"), i, 3600, None);
-        tasks.spawn(async move { store.create_request(&transition).await });
+        tasks.spawn(async move { store.create_request(&sealed(&transition)).await });
     }
     let results = tasks.join_all().await;
     assert!(results.iter().all(|r| matches!(r, Ok(Created::New(_)))));
@@ -322,7 +458,7 @@ async fn a_locked_database_is_unavailable_not_broken() {
 
     let lock = lock_database(&path);
     let created = new_request("req_busy", &agent("bot"), 0, 3600, None);
-    let err = store.create_request(&created).await.unwrap_err();
+    let err = store.create_request(&sealed(&created)).await.unwrap_err();
     assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
     let err = store.check().await.unwrap_err();
     assert!(matches!(err, StoreError::Unavailable(_)), "{err}");
@@ -334,7 +470,7 @@ async fn a_locked_database_is_unavailable_not_broken() {
     assert_eq!(store.last_event_seq().await.unwrap(), 0);
 
     lock.execute_batch("ROLLBACK").unwrap();
-    store.create_request(&created).await.unwrap();
+    store.create_request(&sealed(&created)).await.unwrap();
     store.check().await.unwrap();
     assert_eq!(store.last_event_seq().await.unwrap(), 1);
 }
@@ -403,7 +539,7 @@ async fn child_writer(path: &Path, index: usize) {
             3600,
             None,
         );
-        tasks.spawn(async move { store.create_request(&transition).await.unwrap() });
+        tasks.spawn(async move { store.create_request(&sealed(&transition)).await.unwrap() });
     }
     tasks.join_all().await;
 
@@ -416,7 +552,7 @@ async fn child_writer(path: &Path, index: usize) {
         Some("shared"),
     );
     let (Created::New(request) | Created::Existing(request)) =
-        store.create_request(&shared).await.unwrap();
+        store.create_request(&sealed(&shared)).await.unwrap();
     if request.status == Status::Pending {
         let decided = decide(
             &request,
@@ -425,7 +561,7 @@ async fn child_writer(path: &Path, index: usize) {
             1,
             &format!("nonce-{index}"),
         );
-        match store.apply(&decided).await {
+        match store.apply(&sealed(&decided)).await {
             Ok(()) | Err(StoreError::VersionConflict { .. }) => {}
             Err(other) => panic!("child {index}: {other}"),
         }
@@ -488,10 +624,10 @@ fn several_processes_share_one_file() {
         assert_eq!(events.len(), CHILDREN * PER_CHILD + 1 + 1);
         let decided: Vec<_> = events
             .iter()
-            .filter(|e| e.event.kind() == "request_decided")
+            .filter(|e| e.entry.kind == EventKind::RequestDecided)
             .collect();
         assert_eq!(decided.len(), 1);
-        let winner = decided[0].event.actor.clone().unwrap();
+        let winner = decided[0].entry.actor.clone().unwrap();
         assert!(
             (0..CHILDREN).any(|i| winner == format!("token:child-{i}")),
             "{winner}"

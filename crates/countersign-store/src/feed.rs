@@ -194,7 +194,7 @@ async fn run(inner: std::sync::Weak<Inner>, store: Arc<dyn Store>, poll_interval
 
 fn dispatch(inner: &Inner, stored: StoredEvent) {
     let seq = stored.seq;
-    if let Some(request_id) = stored.event.request_id()
+    if let Some(request_id) = stored.entry.subject.as_deref()
         && let Some(watcher) = lock(&inner.watchers).get(request_id)
     {
         watcher.tx.send_replace(seq);

@@ -13,7 +13,13 @@ mod feed;
 pub mod testsuite;
 
 use async_trait::async_trait;
-use countersign_core::{ApprovalRequest, Event, Status, Timestamp, TokenRecord, Transition};
+use std::collections::BTreeMap;
+
+use countersign_core::merkle::{Hash, NodeId};
+use countersign_core::{
+    ApprovalRequest, LogEntry, PayloadOpening, SealedEvent, SealedTransition, Status, Timestamp,
+    TokenRecord,
+};
 
 pub use error::StoreError;
 pub use feed::{ChangeFeed, Watch};
@@ -46,29 +52,49 @@ impl Default for RequestQuery {
     }
 }
 
-/// An event as stored: its position in the sequence and its exact bytes.
+/// An event as stored: its position in the sequence, its log entry and the entry's
+/// exact bytes (the Merkle leaf). Log index = `seq - 1`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct StoredEvent {
     /// 1-based, gap-free and increasing in commit order.
     pub seq: u64,
-    pub event: Event,
+    pub entry: LogEntry,
     pub bytes: Vec<u8>,
+}
+
+impl StoredEvent {
+    /// The entry's 0-based position in the transparency log.
+    pub fn index(&self) -> u64 {
+        self.seq - 1
+    }
+}
+
+/// A signed checkpoint as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredCheckpoint {
+    pub size: u64,
+    pub note: String,
+    pub created_at: Timestamp,
 }
 
 #[async_trait]
 pub trait Store: Send + Sync + 'static {
-    /// Stores a new pending request with its creation event. When the transition's
-    /// request has an idempotency key that its requester already used, returns the
-    /// existing request and writes nothing.
-    async fn create_request(&self, transition: &Transition) -> Result<Created, StoreError>;
+    /// Stores a new pending request with its creation event. When the request has an
+    /// idempotency key that its requester already used, returns the existing request
+    /// and writes nothing.
+    async fn create_request(&self, write: &SealedTransition) -> Result<Created, StoreError>;
 
     async fn get_request(&self, id: &str) -> Result<Option<ApprovalRequest>, StoreError>;
 
-    /// Applies a transition of an existing request: stores `transition.request` if the
+    /// Applies a transition of an existing request: stores `write.request` if the
     /// stored version is exactly one less, and appends its event, atomically. Otherwise
     /// fails with [`StoreError::VersionConflict`] carrying the current request, so the
     /// loser of a race learns what won.
-    async fn apply(&self, transition: &Transition) -> Result<(), StoreError>;
+    async fn apply(&self, write: &SealedTransition) -> Result<(), StoreError>;
+
+    /// Appends an event that changes no request (a recorded autonomous decision, a key
+    /// rotation); returns its sequence number.
+    async fn append_event(&self, event: &SealedEvent) -> Result<u64, StoreError>;
 
     /// Requests matching `query`, newest first (`requested_at` descending, then id
     /// descending), at most `query.limit`.
@@ -88,7 +114,11 @@ pub trait Store: Send + Sync + 'static {
 
     /// Stores a new token with its creation event. Fails with
     /// [`StoreError::Duplicate`] if its id or hash exists.
-    async fn create_token(&self, token: &TokenRecord, event: &Event) -> Result<(), StoreError>;
+    async fn create_token(
+        &self,
+        token: &TokenRecord,
+        event: &SealedEvent,
+    ) -> Result<(), StoreError>;
 
     /// The token whose hash is `hash`, revoked or not.
     async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError>;
@@ -103,14 +133,50 @@ pub trait Store: Send + Sync + 'static {
         &self,
         id: &str,
         at: Timestamp,
-        event: &Event,
+        event: &SealedEvent,
     ) -> Result<TokenRecord, StoreError>;
 
     /// Events with a sequence number above `after`, in order, at most `limit`.
     async fn events_after(&self, after: u64, limit: usize) -> Result<Vec<StoredEvent>, StoreError>;
 
+    /// Every event whose subject is `subject`, in order.
+    async fn events_of_subject(&self, subject: &str) -> Result<Vec<StoredEvent>, StoreError>;
+
+    /// The payload openings of the events with these sequence numbers (those that have
+    /// one and whose payload was not erased).
+    async fn payloads(&self, seqs: &[u64]) -> Result<BTreeMap<u64, PayloadOpening>, StoreError>;
+
     /// The sequence number of the newest event (0 when there is none).
     async fn last_event_seq(&self) -> Result<u64, StoreError>;
+
+    /// The log's origin, setting it to `origin` if none is set yet; returns the origin in
+    /// force (the first one ever set).
+    async fn log_origin(&self, origin: &str) -> Result<String, StoreError>;
+
+    /// How many entries have their Merkle nodes stored (the integrated tree size).
+    async fn integrated_size(&self) -> Result<u64, StoreError>;
+
+    /// Stores the Merkle nodes of entries `[from, to)` and moves the integrated size from
+    /// `from` to `to`, atomically, if it is still `from`. Returns false (writing
+    /// nothing) when another process integrated first.
+    async fn integrate(
+        &self,
+        from: u64,
+        to: u64,
+        nodes: &[(NodeId, Hash)],
+    ) -> Result<bool, StoreError>;
+
+    /// The stored hashes of these nodes; a missing node is an error.
+    async fn log_nodes(&self, ids: &[NodeId]) -> Result<BTreeMap<NodeId, Hash>, StoreError>;
+
+    /// Stores a signed checkpoint; a second checkpoint of the same size is ignored.
+    async fn add_checkpoint(&self, checkpoint: &StoredCheckpoint) -> Result<(), StoreError>;
+
+    /// The checkpoint of exactly `size`, or the largest when `size` is `None`.
+    async fn checkpoint(&self, size: Option<u64>) -> Result<Option<StoredCheckpoint>, StoreError>;
+
+    /// Every stored checkpoint, smallest first.
+    async fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, StoreError>;
 
     /// Checks that the database answers and is writable; says what is wrong otherwise.
     async fn check(&self) -> Result<(), StoreError>;

@@ -24,19 +24,24 @@
 // is its job.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use countersign_core::event::EventBody;
-use countersign_core::{
-    ApprovalRequest, Channel, DecisionInput, Event, Limits, NewRequest, Principal, Role, Signer,
-    Status, Timestamp, TokenRecord, Transition, Verdict,
+use countersign_core::evidence::{
+    DecisionRecordInput, OutcomeStatus, ReviewVerdict, Reviewer, decision_record,
 };
+use countersign_core::merkle::{self, CompactRange, Hash, NodeId};
+use countersign_core::{
+    ApprovalRequest, Channel, DecisionInput, Event, EventKind, Limits, NewRequest, Principal, Role,
+    SealedEvent, SealedTransition, Signer, Status, Timestamp, TokenRecord, Transition, Verdict,
+};
+use serde_json::json;
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
-use crate::{ChangeFeed, Created, RequestQuery, Store, StoreError, StoredEvent};
+use crate::{ChangeFeed, Created, RequestQuery, Store, StoreError, StoredCheckpoint, StoredEvent};
 
 /// Expands into one `#[tokio::test]` per suite test; see the [module docs](crate::testsuite).
 #[macro_export]
@@ -50,6 +55,14 @@ macro_rules! store_test_suite {
             apply_is_compare_and_swap,
             first_decision_wins,
             events_are_gap_free_and_exact,
+            payloads_are_kept_beside_entries,
+            events_of_subject_in_order,
+            append_event_returns_the_next_seq,
+            log_origin_first_wins,
+            concurrent_log_origins_agree,
+            integration_stores_the_tree,
+            concurrent_integrators_one_wins,
+            checkpoints_one_per_size,
             expiry_queries,
             list_requests_filters_and_order,
             tokens,
@@ -87,6 +100,25 @@ pub fn approver(name: &str) -> Principal {
 
 pub fn signer() -> Signer {
     Signer::from_seed([7; 32])
+}
+
+/// A different salt on every call, as in production, so that equal payloads get
+/// different commitments and a store that mixes openings up is caught.
+pub fn salt() -> [u8; 32] {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let mut salt = [0x5a; 32];
+    salt[..8].copy_from_slice(&NEXT.fetch_add(1, Ordering::Relaxed).to_le_bytes());
+    salt
+}
+
+/// The transition ready to store, sealed with a fresh [`salt`].
+pub fn sealed(transition: &Transition) -> SealedTransition {
+    transition.seal(salt())
+}
+
+/// The event ready to store, sealed with a fresh [`salt`].
+pub fn seal_event(event: &Event) -> SealedEvent {
+    event.seal(salt())
 }
 
 /// A new pending request `id` by `by`, created at `created` seconds, expiring
@@ -144,7 +176,8 @@ pub fn decide(
         .unwrap()
 }
 
-pub fn token(id: &str, name: &str, hash: &str, created: i64) -> (TokenRecord, Event) {
+/// A token and its creation event (which has no payload, so its salt does not matter).
+pub fn token(id: &str, name: &str, hash: &str, created: i64) -> (TokenRecord, SealedEvent) {
     let record = TokenRecord {
         id: id.to_string(),
         name: name.to_string(),
@@ -153,31 +186,114 @@ pub fn token(id: &str, name: &str, hash: &str, created: i64) -> (TokenRecord, Ev
         created_at: at(created),
         revoked_at: None,
     };
-    let event = Event {
-        at: at(created),
-        actor: Some("local:admin".into()),
-        body: EventBody::TokenCreated {
-            token_id: id.to_string(),
-            name: name.to_string(),
-            role: Role::Approver,
-        },
-    };
-    (record, event)
+    let event = Event::system(
+        EventKind::TokenCreated,
+        at(created),
+        Some("local:admin".into()),
+        json!({"token_id": id, "name": name, "role": Role::Approver}),
+    );
+    (record, seal_event(&event))
 }
 
-pub fn token_revoked(record: &TokenRecord, seconds: i64) -> Event {
-    Event {
-        at: at(seconds),
-        actor: Some("local:admin".into()),
-        body: EventBody::TokenRevoked {
-            token_id: record.id.clone(),
-            name: record.name.clone(),
+pub fn token_revoked(record: &TokenRecord, seconds: i64) -> SealedEvent {
+    seal_event(&Event::system(
+        EventKind::TokenRevoked,
+        at(seconds),
+        Some("local:admin".into()),
+        json!({"token_id": record.id, "name": record.name}),
+    ))
+}
+
+/// An autonomous decision recorded under its own subject `id`: an event that changes no
+/// request, with a payload.
+pub fn recorded_decision(id: &str, by: &Principal, seconds: i64) -> SealedEvent {
+    let event = decision_record(
+        id,
+        DecisionRecordInput {
+            decision: format!("Refunded order {id} automatically"),
+            rationale: Some("under the refund policy's limit".into()),
+            model: None,
+            authority: BTreeMap::from([("policy".to_string(), "refunds-v2".to_string())]),
+            details: BTreeMap::from([("amount".to_string(), "40".to_string())]),
+            related_request: None,
         },
+        by,
+        at(seconds),
+        &Limits::default(),
+    )
+    .unwrap();
+    seal_event(&event)
+}
+
+/// Creates `count` pending requests `{prefix}_{i}`, one event each, one after another.
+pub async fn fill_log(store: &dyn Store, prefix: &str, count: usize) {
+    for i in 0..count {
+        let t = new_request(
+            &format!("{prefix}_{i:03}"),
+            &agent("bot"),
+            i as i64,
+            3600,
+            None,
+        );
+        match store.create_request(&sealed(&t)).await.unwrap() {
+            Created::New(_) => {}
+            Created::Existing(existing) => panic!("expected a new request, got {existing:?}"),
+        }
+    }
+}
+
+/// The leaf hashes of the stored events with sequence numbers `from + 1 ..= to` (log
+/// indexes `[from, to)`), computed from their stored bytes.
+pub async fn leaves(store: &dyn Store, from: u64, to: u64) -> Vec<Hash> {
+    let events = store
+        .events_after(from, usize::try_from(to - from).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(events.len() as u64, to - from, "events {from}..{to} exist");
+    events.iter().map(|e| merkle::leaf_hash(&e.bytes)).collect()
+}
+
+/// Appends `leaves` to `range`; returns every node they completed, as `integrate` takes.
+pub fn grow(range: &mut CompactRange, leaves: &[Hash]) -> Vec<(NodeId, Hash)> {
+    leaves.iter().flat_map(|leaf| range.append(*leaf)).collect()
+}
+
+/// Reads `ids` through `log_nodes` and checks that exactly those came back.
+pub async fn read_nodes(store: &dyn Store, ids: &[NodeId]) -> BTreeMap<NodeId, Hash> {
+    let nodes = store.log_nodes(ids).await.unwrap();
+    let asked: BTreeSet<NodeId> = ids.iter().copied().collect();
+    let got: BTreeSet<NodeId> = nodes.keys().copied().collect();
+    assert_eq!(got, asked, "log_nodes returns the nodes asked for");
+    nodes
+}
+
+/// Checks the tree of `size` entries the store holds: its root, read from the stored
+/// nodes, is `root`, and every entry's inclusion proof, built from stored nodes only,
+/// verifies against it with the leaf hashed from the entry's stored bytes.
+pub async fn assert_tree(store: &dyn Store, size: u64, root: &Hash) {
+    let edge = read_nodes(store, &merkle::root_nodes(size)).await;
+    let stored_root = merkle::root(size, &mut |id| edge.get(&id).copied()).unwrap();
+    assert_eq!(
+        &stored_root, root,
+        "the root from stored nodes, size {size}"
+    );
+    let leaves = leaves(store, 0, size).await;
+    for (index, leaf) in (0..size).zip(&leaves) {
+        let ids = merkle::inclusion_nodes(index, size).unwrap();
+        let nodes = read_nodes(store, &ids).await;
+        let proof =
+            merkle::inclusion_proof(index, size, &mut |id| nodes.get(&id).copied()).unwrap();
+        merkle::verify_inclusion(index, size, leaf, &proof, root)
+            .unwrap_or_else(|e| panic!("inclusion of {index} in {size}: {e}"));
     }
 }
 
 async fn create_new(store: &Arc<dyn Store>, transition: &Transition) -> ApprovalRequest {
-    match store.create_request(transition).await.unwrap() {
+    create_sealed(store, &sealed(transition)).await
+}
+
+async fn create_sealed(store: &Arc<dyn Store>, write: &SealedTransition) -> ApprovalRequest {
+    match store.create_request(write).await.unwrap() {
         Created::New(request) => request,
         Created::Existing(existing) => panic!("expected a new request, got {existing:?}"),
     }
@@ -185,6 +301,10 @@ async fn create_new(store: &Arc<dyn Store>, transition: &Transition) -> Approval
 
 async fn all_events(store: &Arc<dyn Store>) -> Vec<StoredEvent> {
     store.events_after(0, 100_000).await.unwrap()
+}
+
+fn kinds(events: &[StoredEvent]) -> Vec<&'static str> {
+    events.iter().map(|e| e.entry.kind.as_str()).collect()
 }
 
 fn ids(requests: &[ApprovalRequest]) -> Vec<&str> {
@@ -195,6 +315,12 @@ fn assert_gap_free(events: &[StoredEvent]) {
     let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
     let expected: Vec<u64> = (1..=events.len() as u64).collect();
     assert_eq!(seqs, expected, "event sequence numbers must be 1, 2, 3, …");
+}
+
+/// Asserts that `stored` is `sealed` as written: same entry, same exact bytes.
+fn assert_stored_as(stored: &StoredEvent, sealed: &SealedEvent) {
+    assert_eq!(stored.entry, sealed.entry, "event {} entry", stored.seq);
+    assert_eq!(stored.bytes, sealed.bytes, "event {} bytes", stored.seq);
 }
 
 // ---------------------------------------------------------------------------------------
@@ -214,7 +340,7 @@ pub async fn request_round_trip(store: Arc<dyn Store>) {
     assert_eq!(store.get_request("req_missing").await.unwrap(), None);
 
     let approved = decide(&created.request, Verdict::Approved, &alice, 60, "nonce-a");
-    store.apply(&approved).await.unwrap();
+    store.apply(&sealed(&approved)).await.unwrap();
     let stored = store.get_request("req_a").await.unwrap().unwrap();
     assert!(stored.decision.is_some() && stored.proof.is_some());
     assert_eq!(stored, approved.request);
@@ -229,11 +355,44 @@ pub async fn request_round_trip(store: Arc<dyn Store>) {
             &Limits::default(),
         )
         .unwrap();
-    store.apply(&used).await.unwrap();
+    store.apply(&sealed(&used)).await.unwrap();
     let stored = store.get_request("req_a").await.unwrap().unwrap();
     assert!(stored.action_record.is_some());
     assert_eq!(stored, used.request);
     assert_eq!(stored.version, 3);
+
+    let outcome = used
+        .request
+        .record_outcome(
+            OutcomeStatus::Partial,
+            Some("paid, receipt pending".into()),
+            BTreeMap::from([("receipt".to_string(), "none yet".to_string())]),
+            &requester,
+            at(62),
+            &Limits::default(),
+        )
+        .unwrap();
+    store.apply(&sealed(&outcome)).await.unwrap();
+    let reviewer = Reviewer {
+        id: "auditor".into(),
+        display_name: "The Auditor".into(),
+    };
+    let reviewed = outcome
+        .request
+        .record_review(
+            &reviewer,
+            ReviewVerdict::Flagged,
+            Some("amount close to the limit".into()),
+            &alice,
+            at(63),
+            &Limits::default(),
+        )
+        .unwrap();
+    store.apply(&sealed(&reviewed)).await.unwrap();
+    let stored = store.get_request("req_a").await.unwrap().unwrap();
+    assert!(stored.outcome.is_some() && stored.reviews.len() == 1);
+    assert_eq!(stored, reviewed.request);
+    assert_eq!(stored.version, 5);
 
     let rejected_req = new_request("req_r", &requester, 1, 3600, None);
     create_new(&store, &rejected_req).await;
@@ -244,7 +403,7 @@ pub async fn request_round_trip(store: Arc<dyn Store>) {
         2,
         "nonce-r",
     );
-    store.apply(&rejected).await.unwrap();
+    store.apply(&sealed(&rejected)).await.unwrap();
     assert_eq!(
         store.get_request("req_r").await.unwrap(),
         Some(rejected.request)
@@ -253,7 +412,7 @@ pub async fn request_round_trip(store: Arc<dyn Store>) {
     let cancel_req = new_request("req_c", &requester, 2, 3600, None);
     create_new(&store, &cancel_req).await;
     let cancelled = cancel_req.request.cancel(&requester, at(3)).unwrap();
-    store.apply(&cancelled).await.unwrap();
+    store.apply(&sealed(&cancelled)).await.unwrap();
     let stored = store.get_request("req_c").await.unwrap().unwrap();
     assert_eq!(stored.status, Status::Cancelled);
     assert_eq!(stored, cancelled.request);
@@ -261,7 +420,7 @@ pub async fn request_round_trip(store: Arc<dyn Store>) {
     let expiring = new_request("req_t", &requester, 3, 10, None);
     create_new(&store, &expiring).await;
     let timed_out = expiring.request.time_out(at(13)).unwrap();
-    store.apply(&timed_out).await.unwrap();
+    store.apply(&sealed(&timed_out)).await.unwrap();
     let stored = store.get_request("req_t").await.unwrap().unwrap();
     assert_eq!(stored.closed_at, Some(at(13)));
     assert_eq!(stored, timed_out.request);
@@ -281,7 +440,7 @@ pub async fn idempotent_create_returns_existing(store: Arc<dyn Store>) {
     assert_eq!(seq, 1);
 
     let retry = new_request("req_2", &bot, 5, 60, Some("k1"));
-    match store.create_request(&retry).await.unwrap() {
+    match store.create_request(&sealed(&retry)).await.unwrap() {
         Created::Existing(existing) => assert_eq!(existing, first.request),
         Created::New(_) => panic!("a retry with the same key must not create a request"),
     }
@@ -300,8 +459,8 @@ pub async fn idempotent_create_returns_existing(store: Arc<dyn Store>) {
         10,
         "n",
     );
-    store.apply(&decided).await.unwrap();
-    match store.create_request(&retry).await.unwrap() {
+    store.apply(&sealed(&decided)).await.unwrap();
+    match store.create_request(&sealed(&retry)).await.unwrap() {
         Created::Existing(existing) => assert_eq!(existing, decided.request),
         Created::New(_) => panic!("a retry with the same key must not create a request"),
     }
@@ -335,7 +494,7 @@ pub async fn concurrent_idempotent_creates_make_one_request(store: Arc<dyn Store
         let transition = new_request(&format!("req_{i:02}"), &bot, i, 3600, Some("same-key"));
         tasks.spawn(async move {
             barrier.wait().await;
-            store.create_request(&transition).await.unwrap()
+            store.create_request(&sealed(&transition)).await.unwrap()
         });
     }
     let results = tasks.join_all().await;
@@ -362,7 +521,7 @@ pub async fn duplicate_request_id_is_refused(store: Arc<dyn Store>) {
     let first = new_request("req_dup", &agent("a"), 0, 3600, None);
     create_new(&store, &first).await;
     let clash = new_request("req_dup", &agent("b"), 1, 60, None);
-    let err = store.create_request(&clash).await.unwrap_err();
+    let err = store.create_request(&sealed(&clash)).await.unwrap_err();
     assert!(matches!(err, StoreError::Duplicate(_)), "{err}");
     assert_eq!(
         store.get_request("req_dup").await.unwrap(),
@@ -384,7 +543,7 @@ pub async fn apply_is_compare_and_swap(store: Arc<dyn Store>) {
         5,
         "n1",
     );
-    store.apply(&approved).await.unwrap();
+    store.apply(&sealed(&approved)).await.unwrap();
     assert_eq!(
         store.get_request("req_cas").await.unwrap().unwrap().version,
         2
@@ -401,7 +560,7 @@ pub async fn apply_is_compare_and_swap(store: Arc<dyn Store>) {
             "n2",
         ),
     ] {
-        match store.apply(&stale).await {
+        match store.apply(&sealed(&stale)).await {
             Err(StoreError::VersionConflict { current }) => {
                 assert_eq!(*current, approved.request)
             }
@@ -429,7 +588,7 @@ pub async fn apply_is_compare_and_swap(store: Arc<dyn Store>) {
             &Limits::default(),
         )
         .unwrap();
-    match store.apply(&used).await {
+    match store.apply(&sealed(&used)).await {
         Err(StoreError::VersionConflict { current }) => assert_eq!(*current, second.request),
         other => panic!("expected a version conflict, got {other:?}"),
     }
@@ -443,7 +602,7 @@ pub async fn apply_is_compare_and_swap(store: Arc<dyn Store>) {
         5,
         "n4",
     );
-    match store.apply(&ghost_decided).await {
+    match store.apply(&sealed(&ghost_decided)).await {
         Err(StoreError::NotFound { what, id }) => {
             assert_eq!((what, id.as_str()), ("request", "req_ghost"))
         }
@@ -452,13 +611,8 @@ pub async fn apply_is_compare_and_swap(store: Arc<dyn Store>) {
     assert_eq!(store.get_request("req_ghost").await.unwrap(), None);
 
     // Two creates and one decision: the failures wrote nothing.
-    let kinds: Vec<&str> = all_events(&store)
-        .await
-        .iter()
-        .map(|e| e.event.kind())
-        .collect();
     assert_eq!(
-        kinds,
+        kinds(&all_events(&store).await),
         ["request_created", "request_decided", "request_created"]
     );
 }
@@ -477,13 +631,13 @@ pub async fn first_decision_wins(store: Arc<dyn Store>) {
         } else {
             Verdict::Rejected
         };
-        let transition = decide(
+        let transition = sealed(&decide(
             &created.request,
             verdict,
             &approver(&format!("approver-{i}")),
             10,
             &format!("nonce-{i}"),
-        );
+        ));
         let store = store.clone();
         let barrier = barrier.clone();
         tasks.spawn(async move {
@@ -494,7 +648,7 @@ pub async fn first_decision_wins(store: Arc<dyn Store>) {
     }
     let results = tasks.join_all().await;
 
-    let winners: Vec<&Transition> = results
+    let winners: Vec<&SealedTransition> = results
         .iter()
         .filter(|(_, r)| r.is_ok())
         .map(|(t, _)| t)
@@ -513,10 +667,10 @@ pub async fn first_decision_wins(store: Arc<dyn Store>) {
     let decided: Vec<StoredEvent> = all_events(&store)
         .await
         .into_iter()
-        .filter(|e| e.event.kind() == "request_decided")
+        .filter(|e| e.entry.kind == EventKind::RequestDecided)
         .collect();
     assert_eq!(decided.len(), 1, "exactly one decision event");
-    assert_eq!(decided[0].event, winners[0].event);
+    assert_stored_as(&decided[0], &winners[0].event);
     assert_eq!(store.last_event_seq().await.unwrap(), 2);
 }
 
@@ -528,26 +682,26 @@ pub async fn events_are_gap_free_and_exact(store: Arc<dyn Store>) {
 
     let bot = agent("deploy-bot");
     let alice = approver("alice");
-    let mut expected: Vec<Event> = Vec::new();
+    let mut expected: Vec<SealedEvent> = Vec::new();
 
-    let a = new_request("req_a", &bot, 0, 3600, None);
-    create_new(&store, &a).await;
+    let a = sealed(&new_request("req_a", &bot, 0, 3600, None));
+    create_sealed(&store, &a).await;
     expected.push(a.event.clone());
 
     // Each failure below sits between successes: a burned number would show as a gap.
     let clash = new_request("req_a", &bot, 1, 3600, None);
-    assert!(store.create_request(&clash).await.is_err());
+    assert!(store.create_request(&sealed(&clash)).await.is_err());
 
     let (tok, tok_event) = token("tok_1", "alice", "hash-1", 1);
     store.create_token(&tok, &tok_event).await.unwrap();
     expected.push(tok_event);
 
-    let approved = decide(&a.request, Verdict::Approved, &alice, 2, "n1");
+    let approved = sealed(&decide(&a.request, Verdict::Approved, &alice, 2, "n1"));
     store.apply(&approved).await.unwrap();
     expected.push(approved.event.clone());
 
     let stale = decide(&a.request, Verdict::Rejected, &alice, 3, "n2");
-    assert!(store.apply(&stale).await.is_err());
+    assert!(store.apply(&sealed(&stale)).await.is_err());
     let (dup, dup_event) = token("tok_2", "bob", "hash-1", 3);
     assert!(store.create_token(&dup, &dup_event).await.is_err());
     assert!(
@@ -557,12 +711,12 @@ pub async fn events_are_gap_free_and_exact(store: Arc<dyn Store>) {
             .is_err()
     );
 
-    let b = new_request("req_b", &bot, 4, 3600, Some("k"));
-    create_new(&store, &b).await;
+    let b = sealed(&new_request("req_b", &bot, 4, 3600, Some("k")));
+    create_sealed(&store, &b).await;
     expected.push(b.event.clone());
     let b_retry = new_request("req_b2", &bot, 4, 3600, Some("k"));
     assert!(matches!(
-        store.create_request(&b_retry).await.unwrap(),
+        store.create_request(&sealed(&b_retry)).await.unwrap(),
         Created::Existing(_)
     ));
 
@@ -571,16 +725,27 @@ pub async fn events_are_gap_free_and_exact(store: Arc<dyn Store>) {
     expected.push(revoked.clone());
     assert!(store.revoke_token("tok_1", at(6), &revoked).await.is_err());
 
-    let cancelled = b.request.cancel(&bot, at(7)).unwrap();
+    let recorded = recorded_decision("dec_1", &bot, 6);
+    assert_eq!(store.append_event(&recorded).await.unwrap(), 6);
+    expected.push(recorded);
+
+    let cancelled = sealed(&b.request.cancel(&bot, at(7)).unwrap());
     store.apply(&cancelled).await.unwrap();
     expected.push(cancelled.event);
 
     let events = all_events(&store).await;
     assert_gap_free(&events);
-    let stored: Vec<&Event> = events.iter().map(|e| &e.event).collect();
-    assert_eq!(stored, expected.iter().collect::<Vec<_>>());
-    for (stored, event) in events.iter().zip(&expected) {
-        assert_eq!(stored.bytes, event.to_bytes(), "event {} bytes", stored.seq);
+    assert_eq!(events.len(), expected.len());
+    for (stored, sealed) in events.iter().zip(&expected) {
+        assert_stored_as(stored, sealed);
+        assert_eq!(stored.index(), stored.seq - 1);
+        // The entry read back is the one its bytes encode.
+        assert_eq!(
+            stored.entry.to_bytes(),
+            stored.bytes,
+            "event {}",
+            stored.seq
+        );
     }
     assert_eq!(store.last_event_seq().await.unwrap(), expected.len() as u64);
 
@@ -608,6 +773,410 @@ pub async fn events_are_gap_free_and_exact(store: Arc<dyn Store>) {
     );
 }
 
+/// A sealed event's payload opening is stored beside its entry and read back by
+/// sequence number; it opens the commitment in the stored entry. Events without a
+/// payload have none, and asking for unknown numbers is not an error.
+pub async fn payloads_are_kept_beside_entries(store: Arc<dyn Store>) {
+    assert!(store.payloads(&[1, 2, 3]).await.unwrap().is_empty());
+    let bot = agent("deploy-bot");
+    let alice = approver("alice");
+
+    // Events with (P) and without (-) a payload, interleaved.
+    let a = sealed(&new_request("req_a", &bot, 0, 3600, None)); // 1 P
+    create_sealed(&store, &a).await;
+    let (tok, tok_event) = token("tok_1", "alice", "hash-1", 1); // 2 -
+    store.create_token(&tok, &tok_event).await.unwrap();
+    let b = sealed(&new_request("req_b", &bot, 2, 3600, None)); // 3 P
+    create_sealed(&store, &b).await;
+    let approved = sealed(&decide(&a.request, Verdict::Approved, &alice, 3, "n1")); // 4 P
+    store.apply(&approved).await.unwrap();
+    let cancelled = sealed(&b.request.cancel(&bot, at(4)).unwrap()); // 5 -
+    store.apply(&cancelled).await.unwrap();
+    let recorded = recorded_decision("dec_1", &bot, 5); // 6 P
+    assert_eq!(store.append_event(&recorded).await.unwrap(), 6);
+    let used = sealed(
+        &approved
+            .request
+            .record_action(
+                "pay".into(),
+                BTreeMap::from([("invoice".to_string(), "INV-9".to_string())]),
+                &bot,
+                at(6),
+                &Limits::default(),
+            )
+            .unwrap(),
+    ); // 7 P
+    store.apply(&used).await.unwrap();
+
+    let written = [
+        &a.event,
+        &tok_event,
+        &b.event,
+        &approved.event,
+        &cancelled.event,
+        &recorded,
+        &used.event,
+    ];
+    assert!(
+        [1, 3, 4, 6, 7]
+            .iter()
+            .all(|&seq| written[seq - 1].payload.is_some())
+    );
+    assert!(written[1].payload.is_none() && written[4].payload.is_none());
+
+    let events = all_events(&store).await;
+    assert_eq!(events.len(), written.len());
+    let all_seqs: Vec<u64> = (1..=9).collect();
+    let openings = store.payloads(&all_seqs).await.unwrap();
+    assert_eq!(
+        openings.keys().copied().collect::<Vec<_>>(),
+        [1, 3, 4, 6, 7],
+        "only the events with a payload have one"
+    );
+    for (stored, sealed) in events.iter().zip(written) {
+        assert_stored_as(stored, sealed);
+        match openings.get(&stored.seq) {
+            Some(opening) => {
+                assert_eq!(
+                    Some(opening),
+                    sealed.payload.as_ref(),
+                    "opening {}",
+                    stored.seq
+                );
+                assert!(stored.entry.payload.is_some());
+                assert_eq!(
+                    opening.commitment(),
+                    stored.entry.payload,
+                    "opening {} opens its stored entry's commitment",
+                    stored.seq
+                );
+            }
+            None => assert_eq!(stored.entry.payload, None, "event {}", stored.seq),
+        }
+    }
+    // Openings are not interchangeable: each salt is fresh.
+    assert_ne!(openings[&1].commitment(), events[2].entry.payload);
+
+    // A subset, in any order, with repeats and unknown numbers.
+    let some = store.payloads(&[7, 2, 4, 4, 100]).await.unwrap();
+    assert_eq!(some.keys().copied().collect::<Vec<_>>(), [4, 7]);
+    assert_eq!(some[&4], openings[&4]);
+    assert!(store.payloads(&[]).await.unwrap().is_empty());
+    assert!(store.payloads(&[2, 5]).await.unwrap().is_empty());
+    // More numbers than one SQL statement may bind on some backends.
+    // (The stored ones come last, so that a backend that splits the list must read
+    // every part.)
+    let many: Vec<u64> = (1..=70_000).rev().collect();
+    assert_eq!(store.payloads(&many).await.unwrap(), openings);
+}
+
+/// `events_of_subject` returns exactly one subject's events, in order, however they
+/// interleave with others'.
+pub async fn events_of_subject_in_order(store: Arc<dyn Store>) {
+    assert!(store.events_of_subject("req_a").await.unwrap().is_empty());
+    let bot = agent("deploy-bot");
+    let alice = approver("alice");
+
+    let a = sealed(&new_request("req_a", &bot, 0, 3600, None)); // 1
+    create_sealed(&store, &a).await;
+    let b = sealed(&new_request("req_b", &bot, 1, 3600, None)); // 2
+    create_sealed(&store, &b).await;
+    // A subject that is a prefix of another must not match it.
+    let a2 = sealed(&new_request("req_a2", &bot, 1, 3600, None)); // 3
+    create_sealed(&store, &a2).await;
+    let (tok, tok_event) = token("tok_1", "alice", "hash-1", 2); // 4, no subject
+    store.create_token(&tok, &tok_event).await.unwrap();
+    let b_decided = sealed(&decide(&b.request, Verdict::Rejected, &alice, 3, "n1")); // 5
+    store.apply(&b_decided).await.unwrap();
+    let a_decided = sealed(&decide(&a.request, Verdict::Approved, &alice, 4, "n2")); // 6
+    store.apply(&a_decided).await.unwrap();
+    let recorded = recorded_decision("dec_1", &bot, 5); // 7
+    store.append_event(&recorded).await.unwrap();
+    let a_used = sealed(
+        &a_decided
+            .request
+            .record_action(
+                "pay".into(),
+                BTreeMap::new(),
+                &bot,
+                at(6),
+                &Limits::default(),
+            )
+            .unwrap(),
+    ); // 8
+    store.apply(&a_used).await.unwrap();
+
+    let check = |subject: &'static str, expected: Vec<(u64, SealedEvent)>| {
+        let store = store.clone();
+        async move {
+            let events = store.events_of_subject(subject).await.unwrap();
+            let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+            let want: Vec<u64> = expected.iter().map(|(seq, _)| *seq).collect();
+            assert_eq!(seqs, want, "events of {subject}");
+            for (stored, (_, sealed)) in events.iter().zip(&expected) {
+                assert_stored_as(stored, sealed);
+                assert_eq!(stored.entry.subject.as_deref(), Some(subject));
+            }
+        }
+    };
+    check(
+        "req_a",
+        vec![
+            (1, a.event.clone()),
+            (6, a_decided.event.clone()),
+            (8, a_used.event.clone()),
+        ],
+    )
+    .await;
+    check(
+        "req_b",
+        vec![(2, b.event.clone()), (5, b_decided.event.clone())],
+    )
+    .await;
+    check("req_a2", vec![(3, a2.event.clone())]).await;
+    check("dec_1", vec![(7, recorded.clone())]).await;
+    check("req_missing", vec![]).await;
+    check("tok_1", vec![]).await;
+}
+
+/// `append_event` numbers an event like any other write, returns its number, and the
+/// event reads back at once; concurrent appends get distinct, gap-free numbers.
+pub async fn append_event_returns_the_next_seq(store: Arc<dyn Store>) {
+    let bot = agent("deploy-bot");
+    let first = recorded_decision("dec_1", &bot, 0);
+    assert_eq!(store.append_event(&first).await.unwrap(), 1);
+    assert_eq!(store.last_event_seq().await.unwrap(), 1);
+    let events = all_events(&store).await;
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].seq, 1);
+    assert_stored_as(&events[0], &first);
+    assert_eq!(
+        store.payloads(&[1]).await.unwrap().get(&1),
+        first.payload.as_ref()
+    );
+
+    create_new(&store, &new_request("req_a", &bot, 1, 3600, None)).await;
+    // An event with neither subject nor payload.
+    let rotated = seal_event(&Event::system(
+        EventKind::KeyRotated,
+        at(2),
+        None,
+        json!({"kid": "key-2", "previous": "key-1"}),
+    ));
+    assert_eq!(store.append_event(&rotated).await.unwrap(), 3);
+    let third = store.events_after(2, 10).await.unwrap();
+    assert_eq!(third.len(), 1);
+    assert_stored_as(&third[0], &rotated);
+    assert!(store.payloads(&[3]).await.unwrap().is_empty());
+
+    let barrier = Arc::new(Barrier::new(16));
+    let mut tasks = JoinSet::new();
+    for i in 0..16 {
+        let store = store.clone();
+        let barrier = barrier.clone();
+        let event = recorded_decision(&format!("dec_c{i:02}"), &bot, 10 + i);
+        tasks.spawn(async move {
+            barrier.wait().await;
+            let seq = store.append_event(&event).await.unwrap();
+            (seq, event)
+        });
+    }
+    let mut appended = tasks.join_all().await;
+    appended.sort_by_key(|(seq, _)| *seq);
+    let seqs: Vec<u64> = appended.iter().map(|(seq, _)| *seq).collect();
+    assert_eq!(seqs, (4..=19).collect::<Vec<_>>());
+    let events = all_events(&store).await;
+    assert_gap_free(&events);
+    for (seq, event) in &appended {
+        assert_stored_as(&events[usize::try_from(*seq).unwrap() - 1], event);
+    }
+}
+
+/// The first origin ever proposed is the log's origin for good.
+pub async fn log_origin_first_wins(store: Arc<dyn Store>) {
+    assert_eq!(
+        store.log_origin("gate.example.com/log").await.unwrap(),
+        "gate.example.com/log"
+    );
+    assert_eq!(
+        store.log_origin("gate.example.com/log").await.unwrap(),
+        "gate.example.com/log"
+    );
+    assert_eq!(
+        store.log_origin("other.example.net/log").await.unwrap(),
+        "gate.example.com/log",
+        "a later proposal gets the first back"
+    );
+    // Writing events does not disturb it.
+    fill_log(&*store, "req", 2).await;
+    assert_eq!(
+        store.log_origin("third.example.org").await.unwrap(),
+        "gate.example.com/log"
+    );
+}
+
+/// Processes that start together and each propose an origin all end up with the same
+/// one.
+pub async fn concurrent_log_origins_agree(store: Arc<dyn Store>) {
+    let barrier = Arc::new(Barrier::new(8));
+    let mut tasks = JoinSet::new();
+    for i in 0..8 {
+        let store = store.clone();
+        let barrier = barrier.clone();
+        tasks.spawn(async move {
+            barrier.wait().await;
+            store.log_origin(&format!("origin-{i}")).await.unwrap()
+        });
+    }
+    let origins: BTreeSet<String> = tasks.join_all().await.into_iter().collect();
+    assert_eq!(
+        origins.len(),
+        1,
+        "every proposer learns the one origin: {origins:?}"
+    );
+    let origin = origins.into_iter().next().unwrap();
+    assert!((0..8).any(|i| origin == format!("origin-{i}")), "{origin}");
+    assert_eq!(store.log_origin("late").await.unwrap(), origin);
+}
+
+/// Integration stores the Merkle nodes of new entries and moves the integrated size,
+/// as a compare-and-swap; roots and inclusion proofs built from stored nodes verify.
+pub async fn integration_stores_the_tree(store: Arc<dyn Store>) {
+    assert_eq!(store.integrated_size().await.unwrap(), 0);
+    assert!(store.log_nodes(&[]).await.unwrap().is_empty());
+    let missing = store.log_nodes(&[NodeId::new(0, 0)]).await.unwrap_err();
+    assert!(matches!(missing, StoreError::NotFound { .. }), "{missing}");
+
+    let n = 13;
+    fill_log(&*store, "req", n as usize).await;
+    let mut range = CompactRange::empty();
+    let nodes = grow(&mut range, &leaves(&*store, 0, n).await);
+    let root = range.root();
+    assert!(store.integrate(0, n, &nodes).await.unwrap());
+    assert_eq!(store.integrated_size().await.unwrap(), n);
+    assert_tree(&*store, n, &root).await;
+
+    // Integrating the same range again loses, and writes nothing: not the altered
+    // hashes, not the extra node.
+    let extra = NodeId::new(0, n + 40);
+    let mut bogus: Vec<(NodeId, Hash)> = nodes.iter().map(|(id, _)| (*id, [0xee; 32])).collect();
+    bogus.push((extra, [0xee; 32]));
+    assert!(!store.integrate(0, n, &bogus).await.unwrap());
+    assert!(!store.integrate(0, n + 3, &bogus).await.unwrap());
+    assert_eq!(store.integrated_size().await.unwrap(), n);
+    assert_tree(&*store, n, &root).await;
+    let err = store.log_nodes(&[extra]).await.unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err}");
+
+    // Nodes that were never stored are an error, not a short answer: past the end, too
+    // high, or mixed in with nodes that exist.
+    for ids in [
+        vec![NodeId::new(0, n)],
+        vec![NodeId::new(4, 0)],
+        vec![NodeId::new(0, 0), NodeId::new(2, 3)],
+    ] {
+        let err = store.log_nodes(&ids).await.unwrap_err();
+        assert!(matches!(err, StoreError::NotFound { .. }), "{ids:?}: {err}");
+    }
+    // Asking for a node twice is fine.
+    let twice = read_nodes(&*store, &[NodeId::new(3, 0), NodeId::new(3, 0)]).await;
+    assert_eq!(twice.len(), 1);
+
+    // More entries integrate from where the last integration ended; an integrator that
+    // still believes the old size loses.
+    let m = 21;
+    fill_log(&*store, "more", (m - n) as usize).await;
+    let first_range = range.clone();
+    let more = grow(&mut range, &leaves(&*store, n, m).await);
+    let second_root = range.root();
+    assert!(!store.integrate(0, m, &more).await.unwrap(), "stale from");
+    assert!(store.integrate(n, m, &more).await.unwrap());
+    assert!(!store.integrate(n, m, &more).await.unwrap(), "twice");
+    assert_eq!(store.integrated_size().await.unwrap(), m);
+    assert_tree(&*store, m, &second_root).await;
+    // The smaller tree is still answerable, and the two are consistent.
+    assert_tree(&*store, n, &first_range.root()).await;
+    let ids = merkle::consistency_nodes(n, m).unwrap();
+    let stored = read_nodes(&*store, &ids).await;
+    let proof = merkle::consistency_proof(n, m, &mut |id| stored.get(&id).copied()).unwrap();
+    merkle::verify_consistency(n, m, &first_range.root(), &second_root, &proof).unwrap();
+}
+
+/// Several integrators racing over the same entries: exactly one moves the size.
+pub async fn concurrent_integrators_one_wins(store: Arc<dyn Store>) {
+    let n = 9;
+    fill_log(&*store, "req", n as usize).await;
+    let mut range = CompactRange::empty();
+    let nodes = Arc::new(grow(&mut range, &leaves(&*store, 0, n).await));
+
+    let barrier = Arc::new(Barrier::new(8));
+    let mut tasks = JoinSet::new();
+    for _ in 0..8 {
+        let store = store.clone();
+        let barrier = barrier.clone();
+        let nodes = nodes.clone();
+        tasks.spawn(async move {
+            barrier.wait().await;
+            store.integrate(0, n, &nodes).await.unwrap()
+        });
+    }
+    let won = tasks.join_all().await;
+    assert_eq!(
+        won.iter().filter(|w| **w).count(),
+        1,
+        "exactly one integrator wins: {won:?}"
+    );
+    assert_eq!(store.integrated_size().await.unwrap(), n);
+    assert_tree(&*store, n, &range.root()).await;
+}
+
+/// One checkpoint per size, the first kept; the largest is the latest.
+pub async fn checkpoints_one_per_size(store: Arc<dyn Store>) {
+    assert_eq!(store.checkpoint(None).await.unwrap(), None);
+    assert_eq!(store.checkpoint(Some(1)).await.unwrap(), None);
+    assert!(store.checkpoints().await.unwrap().is_empty());
+
+    let checkpoint = |size: u64, note: &str, seconds: i64| StoredCheckpoint {
+        size,
+        note: format!("gate.example.com/log\n{size}\n{note}\n\n— gate.example.com sig\n"),
+        created_at: at(seconds),
+    };
+    let three = checkpoint(3, "cm9vdC0z", 10);
+    let one = checkpoint(1, "cm9vdC0x", 20);
+    let seven = checkpoint(7, "cm9vdC03", 30);
+    // Added out of size order, so that reading must sort.
+    for c in [&three, &one, &seven] {
+        store.add_checkpoint(c).await.unwrap();
+    }
+    assert_eq!(
+        store.checkpoints().await.unwrap(),
+        vec![one.clone(), three.clone(), seven.clone()]
+    );
+    assert_eq!(store.checkpoint(None).await.unwrap(), Some(seven.clone()));
+    assert_eq!(
+        store.checkpoint(Some(3)).await.unwrap(),
+        Some(three.clone())
+    );
+    assert_eq!(store.checkpoint(Some(1)).await.unwrap(), Some(one.clone()));
+    assert_eq!(store.checkpoint(Some(4)).await.unwrap(), None);
+    assert_eq!(store.checkpoint(Some(8)).await.unwrap(), None);
+
+    // A second checkpoint of a size is ignored: the first signed note stays.
+    store
+        .add_checkpoint(&checkpoint(3, "b3RoZXI=", 40))
+        .await
+        .unwrap();
+    assert_eq!(
+        store.checkpoint(Some(3)).await.unwrap(),
+        Some(three.clone())
+    );
+    assert_eq!(
+        store.checkpoints().await.unwrap(),
+        vec![one, three, seven.clone()]
+    );
+    assert_eq!(store.checkpoint(None).await.unwrap(), Some(seven));
+}
+
 /// The sweeper's queries: only pending requests, due at or before now, earliest first.
 pub async fn expiry_queries(store: Arc<dyn Store>) {
     assert_eq!(store.next_expiry().await.unwrap(), None);
@@ -625,7 +1194,7 @@ pub async fn expiry_queries(store: Arc<dyn Store>) {
     }
     assert_eq!(store.next_expiry().await.unwrap(), Some(at(5)));
     let decided = decide(&e4.request, Verdict::Approved, &approver("alice"), 1, "n");
-    store.apply(&decided).await.unwrap();
+    store.apply(&sealed(&decided)).await.unwrap();
     assert_eq!(store.next_expiry().await.unwrap(), Some(at(15)));
 
     let due = |now: i64, limit: usize| {
@@ -650,13 +1219,13 @@ pub async fn expiry_queries(store: Arc<dyn Store>) {
     );
 
     let timed_out = e2.request.time_out(at(15)).unwrap();
-    store.apply(&timed_out).await.unwrap();
+    store.apply(&sealed(&timed_out)).await.unwrap();
     assert_eq!(due(30, 10).await, ["req_e5", "req_e1"]);
     assert_eq!(store.next_expiry().await.unwrap(), Some(at(15)));
 
     for t in [&e5, &e1, &e3] {
         let timed_out = t.request.time_out(at(100)).unwrap();
-        store.apply(&timed_out).await.unwrap();
+        store.apply(&sealed(&timed_out)).await.unwrap();
     }
     assert_eq!(store.next_expiry().await.unwrap(), None);
     assert!(due(1000, 10).await.is_empty());
@@ -679,9 +1248,9 @@ pub async fn list_requests_filters_and_order(store: Arc<dyn Store>) {
         create_new(&store, &transitions[i]).await;
     }
     let approved = decide(&transitions[2].request, Verdict::Approved, &alice, 6, "n1");
-    store.apply(&approved).await.unwrap();
+    store.apply(&sealed(&approved)).await.unwrap();
     let rejected = decide(&transitions[4].request, Verdict::Rejected, &alice, 7, "n2");
-    store.apply(&rejected).await.unwrap();
+    store.apply(&sealed(&rejected)).await.unwrap();
 
     let list = |status: Option<Status>, by: Option<&Principal>, limit: usize| {
         let store = store.clone();
@@ -792,12 +1361,10 @@ pub async fn tokens(store: Arc<dyn Store>) {
         store.list_tokens().await.unwrap(),
         vec![expected, second.clone()]
     );
-    let kinds: Vec<&str> = all_events(&store)
-        .await
-        .iter()
-        .map(|e| e.event.kind())
-        .collect();
-    assert_eq!(kinds, ["token_created", "token_created", "token_revoked"]);
+    assert_eq!(
+        kinds(&all_events(&store).await),
+        ["token_created", "token_created", "token_revoked"]
+    );
 }
 
 /// A watcher wakes when its request changes and the writer pokes the feed; a watcher of
@@ -817,13 +1384,13 @@ pub async fn change_feed_wakes_watchers_on_poke(store: Arc<dyn Store>) {
     let mut on_other = feed.watch("req_other");
     let mut all = feed.subscribe();
 
-    let decided = decide(
+    let decided = sealed(&decide(
         &watched.request,
         Verdict::Approved,
         &approver("alice"),
         1,
         "n",
-    );
+    ));
     store.apply(&decided).await.unwrap();
     feed.poke();
 
@@ -834,7 +1401,8 @@ pub async fn change_feed_wakes_watchers_on_poke(store: Arc<dyn Store>) {
         .await
         .unwrap()
         .unwrap();
-    assert_eq!((seen.seq, &seen.event), (3, &decided.event));
+    assert_eq!(seen.seq, 3);
+    assert_stored_as(&seen, &decided.event);
     assert!(feed.wait_for_seq(3, Duration::from_secs(5)).await);
     assert!(
         tokio::time::timeout(Duration::from_millis(200), on_other.changed())
@@ -855,7 +1423,7 @@ pub async fn change_feed_polls_without_poke(store: Arc<dyn Store>) {
     let mut on_watched = feed.watch("req_polled");
 
     let cancelled = watched.request.cancel(&agent("deploy-bot"), at(1)).unwrap();
-    store.apply(&cancelled).await.unwrap();
+    store.apply(&sealed(&cancelled)).await.unwrap();
     tokio::time::timeout(Duration::from_secs(5), on_watched.changed())
         .await
         .expect("the poll finds the change");

@@ -1,0 +1,173 @@
+//! The Merkle tree over the events, and the signed checkpoints.
+//!
+//! Integration is idempotent and may run in several processes: each stores the nodes of
+//! entries `[from, to)` and moves `integrated_size` from `from` to `to` only if it is
+//! still `from`, inside one write transaction.
+
+use std::collections::BTreeMap;
+
+use countersign_core::Timestamp;
+use countersign_core::merkle::{Hash, NodeId};
+use countersign_store::{StoreError, StoredCheckpoint};
+use rusqlite::{Connection, OptionalExtension, params};
+
+use crate::error::{corrupt, db_err, to_sql_int};
+
+pub(crate) fn meta(conn: &Connection, key: &str) -> Result<Option<String>, StoreError> {
+    conn.prepare_cached("SELECT value FROM log_meta WHERE key = ?1")
+        .and_then(|mut stmt| stmt.query_row([key], |r| r.get(0)).optional())
+        .map_err(db_err("read the log settings"))
+}
+
+fn set_meta(conn: &Connection, key: &str, value: &str) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO log_meta (key, value) VALUES (?1, ?2)
+         ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+    )
+    .and_then(|mut stmt| stmt.execute(params![key, value]))
+    .map_err(db_err("write the log settings"))?;
+    Ok(())
+}
+
+pub(crate) fn origin(conn: &Connection, proposed: &str) -> Result<String, StoreError> {
+    match meta(conn, "origin")? {
+        Some(existing) => Ok(existing),
+        None => {
+            set_meta(conn, "origin", proposed)?;
+            Ok(proposed.to_string())
+        }
+    }
+}
+
+pub(crate) fn integrated_size(conn: &Connection) -> Result<u64, StoreError> {
+    match meta(conn, "integrated_size")? {
+        None => Ok(0),
+        Some(text) => text
+            .parse()
+            .map_err(|e| corrupt("the integrated log size", e)),
+    }
+}
+
+pub(crate) fn integrate(
+    conn: &Connection,
+    from: u64,
+    to: u64,
+    nodes: &[(NodeId, Hash)],
+) -> Result<bool, StoreError> {
+    if integrated_size(conn)? != from {
+        return Ok(false);
+    }
+    let mut stmt = conn
+        .prepare_cached("INSERT OR REPLACE INTO log_nodes (level, idx, hash) VALUES (?1, ?2, ?3)")
+        .map_err(db_err("store Merkle nodes"))?;
+    for (id, hash) in nodes {
+        stmt.execute(params![
+            i64::from(id.level),
+            to_sql_int(id.index),
+            hash.as_slice()
+        ])
+        .map_err(db_err("store Merkle nodes"))?;
+    }
+    set_meta(conn, "integrated_size", &to.to_string())?;
+    Ok(true)
+}
+
+pub(crate) fn nodes(
+    conn: &Connection,
+    ids: &[NodeId],
+) -> Result<BTreeMap<NodeId, Hash>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached("SELECT hash FROM log_nodes WHERE level = ?1 AND idx = ?2")
+        .map_err(db_err("read Merkle nodes"))?;
+    let mut out = BTreeMap::new();
+    for id in ids {
+        if out.contains_key(id) {
+            continue;
+        }
+        let hash: Option<Vec<u8>> = stmt
+            .query_row(params![i64::from(id.level), to_sql_int(id.index)], |r| {
+                r.get(0)
+            })
+            .optional()
+            .map_err(db_err("read Merkle nodes"))?;
+        let hash = hash.ok_or_else(|| StoreError::NotFound {
+            what: "Merkle node",
+            id: format!("{}/{}", id.level, id.index),
+        })?;
+        let hash: Hash = hash.try_into().map_err(|_| {
+            corrupt(
+                format!("Merkle node {}/{}", id.level, id.index),
+                "not 32 bytes",
+            )
+        })?;
+        out.insert(*id, hash);
+    }
+    Ok(out)
+}
+
+pub(crate) fn add_checkpoint(
+    conn: &Connection,
+    checkpoint: &StoredCheckpoint,
+) -> Result<(), StoreError> {
+    conn.prepare_cached(
+        "INSERT INTO checkpoints (size, note, created_at) VALUES (?1, ?2, ?3)
+         ON CONFLICT (size) DO NOTHING",
+    )
+    .and_then(|mut stmt| {
+        stmt.execute(params![
+            to_sql_int(checkpoint.size),
+            checkpoint.note,
+            checkpoint.created_at.millis()
+        ])
+    })
+    .map_err(db_err("store a checkpoint"))?;
+    Ok(())
+}
+
+fn decode_checkpoint(size: i64, note: String, at: i64) -> Result<StoredCheckpoint, StoreError> {
+    Ok(StoredCheckpoint {
+        size: size.max(0) as u64,
+        note,
+        created_at: Timestamp::from_millis(at)
+            .ok_or_else(|| corrupt("a checkpoint's time", format!("{at} is not a time")))?,
+    })
+}
+
+pub(crate) fn checkpoint(
+    conn: &Connection,
+    size: Option<u64>,
+) -> Result<Option<StoredCheckpoint>, StoreError> {
+    let row: Option<(i64, String, i64)> = match size {
+        Some(size) => conn
+            .prepare_cached("SELECT size, note, created_at FROM checkpoints WHERE size = ?1")
+            .and_then(|mut stmt| {
+                stmt.query_row([to_sql_int(size)], |r| {
+                    Ok((r.get(0)?, r.get(1)?, r.get(2)?))
+                })
+                .optional()
+            }),
+        None => conn
+            .prepare_cached(
+                "SELECT size, note, created_at FROM checkpoints ORDER BY size DESC LIMIT 1",
+            )
+            .and_then(|mut stmt| {
+                stmt.query_row([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+                    .optional()
+            }),
+    }
+    .map_err(db_err("read a checkpoint"))?;
+    row.map(|(s, n, a)| decode_checkpoint(s, n, a)).transpose()
+}
+
+pub(crate) fn checkpoints(conn: &Connection) -> Result<Vec<StoredCheckpoint>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached("SELECT size, note, created_at FROM checkpoints ORDER BY size")
+        .map_err(db_err("read checkpoints"))?;
+    let rows = stmt
+        .query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .and_then(|rows| rows.collect::<Result<Vec<(i64, String, i64)>, _>>())
+        .map_err(db_err("read checkpoints"))?;
+    rows.into_iter()
+        .map(|(s, n, a)| decode_checkpoint(s, n, a))
+        .collect()
+}
