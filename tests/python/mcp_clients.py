@@ -31,6 +31,10 @@ AGENT_TOOLS = {
     "verify_proof",
     "record_action",
     "cancel_approval",
+    "record_decision",
+    "record_outcome",
+    "get_evidence",
+    "verify_evidence",
 }
 OPERATOR_TOOLS = {"list_pending_approvals", "approve", "reject"}
 

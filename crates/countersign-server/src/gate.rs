@@ -8,10 +8,14 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use countersign_core::bundle::{BundleReport, Mode};
+use countersign_core::evidence::{
+    DecisionRecordInput, OutcomeStatus, ReviewVerdict, Reviewer, decision_record,
+};
 use countersign_core::proof::{self, VerifyOptions};
 use countersign_core::token::{format_token, hash_token, token_matches, validate_token_name};
 use countersign_core::{
-    Action, ApprovalRequest, Channel, Clock, CoreError, DecisionInput, Envelope, Event, EventBody,
+    Action, ApprovalRequest, Channel, Clock, CoreError, DecisionInput, Envelope, Event, EventKind,
     Jwks, Limits, NewRequest, Principal, Role, TokenRecord, Transition, Verdict, VerifyReport,
 };
 use countersign_store::{ChangeFeed, Created, RequestQuery, Store, StoreError};
@@ -20,6 +24,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::GateError;
 use crate::keyring::KeyRing;
+use crate::log::TransparencyLog;
 
 /// How often a waiting call reports progress (MCP asks for at least every 10 s).
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
@@ -57,11 +62,23 @@ pub struct Requested {
     pub existing: bool,
 }
 
+/// What an operator decides about the gate's behaviour.
+#[derive(Debug, Clone, Default)]
+pub struct Settings {
+    pub limits: Limits,
+    /// When set, `record_review` is available and records this reviewer.
+    pub reviewer: Option<Reviewer>,
+    /// Whether evidence bundles may include raw payloads (mode `full`).
+    pub raw_payload_export: bool,
+}
+
 pub struct Gate {
     store: Arc<dyn Store>,
     feed: ChangeFeed,
     keys: Arc<KeyRing>,
     clock: Arc<dyn Clock>,
+    log: Arc<TransparencyLog>,
+    settings: Settings,
     limits: Limits,
     /// Cancelled when the process shuts down: waits return the current state at once.
     stopping: CancellationToken,
@@ -73,14 +90,17 @@ impl Gate {
         feed: ChangeFeed,
         keys: Arc<KeyRing>,
         clock: Arc<dyn Clock>,
-        limits: Limits,
+        log: Arc<TransparencyLog>,
+        settings: Settings,
     ) -> Self {
         Self {
             store,
             feed,
             keys,
             clock,
-            limits,
+            log,
+            limits: settings.limits.clone(),
+            settings,
             stopping: CancellationToken::new(),
         }
     }
@@ -107,6 +127,14 @@ impl Gate {
         &self.clock
     }
 
+    pub fn log(&self) -> &Arc<TransparencyLog> {
+        &self.log
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
     pub fn jwks(&self) -> Jwks {
         self.keys.jwks()
     }
@@ -119,7 +147,11 @@ impl Gate {
     ) -> Result<Requested, GateError> {
         let now = self.clock.now();
         let transition = ApprovalRequest::create(new_id("req", now)?, new, who, now, &self.limits)?;
-        match self.store.create_request(&transition).await? {
+        match self
+            .store
+            .create_request(&transition.seal(new_salt()?))
+            .await?
+        {
             Created::New(request) => {
                 self.feed.poke();
                 Ok(Requested {
@@ -167,7 +199,7 @@ impl Gate {
             return Ok(request);
         }
         let transition = request.time_out(now)?;
-        match self.store.apply(&transition).await {
+        match self.store.apply(&transition.seal(new_salt()?)).await {
             Ok(()) => {
                 self.feed.poke();
                 Ok(transition.request)
@@ -277,7 +309,7 @@ impl Gate {
         let mut request = self.settle_expiry(self.load(id).await?).await?;
         for _ in 0..CAS_RETRIES {
             let transition = step(&request, self.clock.now())?;
-            match self.store.apply(&transition).await {
+            match self.store.apply(&transition.seal(new_salt()?)).await {
                 Ok(()) => {
                     self.feed.poke();
                     return Ok(transition.request);
@@ -405,16 +437,15 @@ impl Gate {
             created_at: now,
             revoked_at: None,
         };
-        let event = Event {
-            at: now,
-            actor: Some(actor.id.clone()),
-            body: EventBody::TokenCreated {
-                token_id: record.id.clone(),
-                name: record.name.clone(),
-                role,
-            },
-        };
-        self.store.create_token(&record, &event).await?;
+        let event = Event::system(
+            EventKind::TokenCreated,
+            now,
+            Some(actor.id.clone()),
+            serde_json::json!({"token_id": record.id, "name": record.name, "role": role}),
+        );
+        self.store
+            .create_token(&record, &event.seal(new_salt()?))
+            .await?;
         self.feed.poke();
         Ok((record, token))
     }
@@ -454,15 +485,16 @@ impl Gate {
             }
         };
         let now = self.clock.now();
-        let event = Event {
-            at: now,
-            actor: Some(actor.id.clone()),
-            body: EventBody::TokenRevoked {
-                token_id: target.id.clone(),
-                name: target.name.clone(),
-            },
-        };
-        let revoked = self.store.revoke_token(&target.id, now, &event).await?;
+        let event = Event::system(
+            EventKind::TokenRevoked,
+            now,
+            Some(actor.id.clone()),
+            serde_json::json!({"token_id": target.id, "name": target.name}),
+        );
+        let revoked = self
+            .store
+            .revoke_token(&target.id, now, &event.seal(new_salt()?))
+            .await?;
         self.feed.poke();
         Ok(revoked)
     }
@@ -488,6 +520,117 @@ impl Gate {
         Ok(record.principal())
     }
 
+    /// Records what came of the approved action (once, by the requester, after
+    /// `record_action`).
+    pub async fn record_outcome(
+        &self,
+        who: &Principal,
+        id: &str,
+        status: OutcomeStatus,
+        summary: Option<String>,
+        details: BTreeMap<String, String>,
+    ) -> Result<ApprovalRequest, GateError> {
+        self.get(who, id).await?;
+        self.transition(id, |request, now| {
+            Ok(request.record_outcome(
+                status,
+                summary.clone(),
+                details.clone(),
+                who,
+                now,
+                &self.limits,
+            )?)
+        })
+        .await
+    }
+
+    /// Records a review as the operator-configured reviewer. Off unless configured.
+    pub async fn record_review(
+        &self,
+        who: &Principal,
+        id: &str,
+        verdict: ReviewVerdict,
+        notes: Option<String>,
+    ) -> Result<ApprovalRequest, GateError> {
+        let reviewer = self.settings.reviewer.clone().ok_or_else(|| {
+            GateError::Forbidden(
+                "record_review is off on this server (an operator enables it with [review] in the config)".into(),
+            )
+        })?;
+        self.get(who, id).await?;
+        self.transition(id, |request, now| {
+            Ok(request.record_review(&reviewer, verdict, notes.clone(), who, now, &self.limits)?)
+        })
+        .await
+    }
+
+    /// Records a decision an agent or system made on its own, under a new subject id;
+    /// returns the id and the entry's log index.
+    pub async fn record_decision(
+        &self,
+        who: &Principal,
+        input: DecisionRecordInput,
+    ) -> Result<(String, u64), GateError> {
+        let now = self.clock.now();
+        if let Some(related) = &input.related_request {
+            self.get(who, related).await?;
+        }
+        let id = new_id("dec", now)?;
+        let event = decision_record(&id, input, who, now, &self.limits)?;
+        let seq = self.store.append_event(&event.seal(new_salt()?)).await?;
+        self.feed.poke();
+        Ok((id, seq - 1))
+    }
+
+    /// An evidence bundle for a request (`req_...`) or a recorded decision (`dec_...`).
+    pub async fn evidence(
+        &self,
+        who: &Principal,
+        subject: &str,
+        mode: Mode,
+    ) -> Result<Vec<u8>, GateError> {
+        if mode == Mode::Full && !self.settings.raw_payload_export {
+            return Err(GateError::Forbidden(
+                "raw payload export is off on this server: export a redacted bundle, or an operator sets [evidence] raw_payload_export = true".into(),
+            ));
+        }
+        let decisions = if subject.starts_with("dec_") {
+            let events = self.store.events_of_subject(subject).await?;
+            let first = events
+                .first()
+                .ok_or_else(|| GateError::NotFound(subject.to_string()))?;
+            if who.role == Role::Agent && first.entry.actor.as_deref() != Some(who.id.as_str()) {
+                return Err(GateError::NotFound(subject.to_string()));
+            }
+            Vec::new()
+        } else {
+            self.get(who, subject).await?.proof.into_iter().collect()
+        };
+        self.log.bundle(subject, mode, decisions).await
+    }
+
+    /// Starts signing with a new key (the old one stays published) and logs it.
+    pub async fn rotate_key(&self, actor: &Principal) -> Result<(String, String), GateError> {
+        let (old, new) = self
+            .keys
+            .rotate(self.clock.now())
+            .map_err(|e| GateError::Store(StoreError::Backend(e.to_string())))?;
+        let event = Event::system(
+            EventKind::KeyRotated,
+            self.clock.now(),
+            Some(actor.id.clone()),
+            serde_json::json!({"old_kid": old, "new_kid": new}),
+        );
+        self.store.append_event(&event.seal(new_salt()?)).await?;
+        self.feed.poke();
+        Ok((old, new))
+    }
+
+    /// Verifies a bundle against this server's published keys.
+    pub fn verify_evidence(&self, zip: &[u8]) -> BundleReport {
+        countersign_core::bundle::verify(zip, Some(&self.keys.jwks()))
+    }
+
     pub fn limits(&self) -> &Limits {
         &self.limits
     }
@@ -498,6 +641,11 @@ fn random_bytes<const N: usize>() -> Result<[u8; N], GateError> {
     getrandom::fill(&mut bytes)
         .map_err(|e| GateError::Store(StoreError::Backend(format!("randomness: {e}"))))?;
     Ok(bytes)
+}
+
+/// A fresh salt for an event's payload commitment.
+pub(crate) fn new_salt() -> Result<[u8; 32], GateError> {
+    random_bytes::<32>()
 }
 
 /// A fresh proof nonce: 16 random bytes, base64url.

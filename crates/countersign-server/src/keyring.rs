@@ -115,6 +115,31 @@ impl KeyRing {
         }
     }
 
+    /// Starts signing with a new key; the old one moves to `retired/` and stays
+    /// published. Returns the old and new key ids.
+    pub fn rotate(&self, now: Timestamp) -> Result<(String, String), KeyError> {
+        let active = self.dir.join("signing-key.json");
+        let old = read_key_file(&active)?;
+        let retired_dir = self.dir.join("retired");
+        create_private_dir(&retired_dir)?;
+        let retired = retired_dir.join(format!("{}.json", old.kid()));
+        match fs::hard_link(&active, &retired) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err(&retired)(e)),
+        }
+        // Write the new key beside the active one, then swap it in atomically.
+        let staged = self.dir.join("signing-key.next.json");
+        let _ = fs::remove_file(&staged);
+        create_key_file(&self.dir, &staged, now)?;
+        fs::rename(&staged, &active).map_err(io_err(&active))?;
+        if let Ok(d) = fs::File::open(&self.dir) {
+            let _ = d.sync_all();
+        }
+        self.reload()?;
+        Ok((old.kid().to_string(), self.signer().kid().to_string()))
+    }
+
     /// Re-reads the key directory (another process may have rotated the key).
     pub fn reload(&self) -> Result<(), KeyError> {
         if self.dir.as_os_str().is_empty() {
@@ -306,6 +331,29 @@ mod tests {
             handles.into_iter().map(|h| h.join().unwrap()).collect()
         });
         assert!(kids.windows(2).all(|w| w[0] == w[1]), "{kids:?}");
+    }
+
+    #[test]
+    fn rotation_keeps_the_old_key_published() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dir = tmp.path().join("keys");
+        let ring = KeyRing::open_or_create(&dir, now()).unwrap();
+        let first = ring.signer().kid().to_string();
+        let (old, new) = ring.rotate(now()).unwrap();
+        assert_eq!(old, first);
+        assert_ne!(new, first);
+        assert_eq!(ring.signer().kid(), new);
+        let kids: Vec<_> = ring.jwks().keys.into_iter().map(|k| k.kid).collect();
+        assert_eq!(kids, vec![new.clone(), first.clone()]);
+        let mode = fs::metadata(dir.join("retired").join(format!("{first}.json")))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // Another process opening the directory sees the same.
+        let other = KeyRing::open_existing(&dir).unwrap();
+        assert_eq!(other.signer().kid(), new);
+        assert_eq!(other.jwks().keys.len(), 2);
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod error;
 pub mod gate;
 pub mod guard;
 pub mod keyring;
+pub mod log;
 pub mod mcp;
 pub mod rest;
 pub mod views;
@@ -20,8 +21,9 @@ use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, Stream
 use tokio_util::sync::CancellationToken;
 
 pub use error::GateError;
-pub use gate::{Decider, Gate};
+pub use gate::{Decider, Gate, Settings};
 pub use keyring::KeyRing;
+pub use log::TransparencyLog;
 pub use mcp::{Identity, McpService};
 
 /// How the HTTP server is exposed.
@@ -57,8 +59,8 @@ pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken)
         gate: gate.clone(),
         hosts: Arc::new(guard::HostPolicy::new(&config.allowed_hosts)),
     };
-    let operator_tools = config.operator_tools;
-    let mcp_gate = gate.clone();
+    // Built once: every stateless request gets a cheap clone.
+    let mcp_service = McpService::new(gate.clone(), Identity::PerRequest, config.operator_tools);
     // Stateless: every request carries its own credentials and no session lives in
     // memory, so any instance behind a load balancer can serve any call.
     let mcp_config = StreamableHttpServerConfig::default()
@@ -68,13 +70,7 @@ pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken)
         // Host and Origin are checked for every route by `guard`.
         .disable_allowed_hosts();
     let mcp = StreamableHttpService::new(
-        move || {
-            Ok(McpService::new(
-                mcp_gate.clone(),
-                Identity::PerRequest,
-                operator_tools,
-            ))
-        },
+        move || Ok(mcp_service.clone()),
         Arc::new(NeverSessionManager::default()),
         mcp_config,
     );

@@ -116,6 +116,16 @@ pub fn api_routes() -> Router<AppState> {
         .route("/proofs/verify", post(verify_proof))
         .route("/tokens", get(list_tokens).post(create_token))
         .route("/tokens/{id}/revoke", post(revoke_token))
+        .route("/requests/{id}/outcome", post(record_outcome))
+        .route("/requests/{id}/review", post(record_review))
+        .route("/decisions", post(record_decision))
+        .route("/evidence/{subject}", get(get_evidence))
+        .route("/evidence/verify", post(verify_evidence))
+        .route("/log/checkpoint", get(log_checkpoint))
+        .route("/log/key", get(log_key))
+        .route("/log/entries/{index}", get(log_entry))
+        .route("/log/proof/inclusion", get(inclusion_proof))
+        .route("/log/proof/consistency", get(consistency_proof))
 }
 
 pub fn public_routes() -> Router<AppState> {
@@ -368,4 +378,197 @@ async fn revoke_token(
 ) -> Result<Json<TokenView>, ApiError> {
     let record = state.gate.revoke_token(&id, &admin).await?;
     Ok(Json(TokenView::from(&record)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct OutcomeBody {
+    status: String,
+    #[serde(default)]
+    summary: Option<String>,
+    #[serde(default)]
+    details: std::collections::BTreeMap<String, String>,
+}
+
+async fn record_outcome(
+    State(state): State<AppState>,
+    AnyAuth(who): AnyAuth,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<OutcomeBody>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    let status = body.status.parse().map_err(GateError::from)?;
+    let request = state
+        .gate
+        .record_outcome(&who, &id, status, body.summary, body.details)
+        .await?;
+    Ok(Json(ApprovalView::new(&request)))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReviewBody {
+    verdict: String,
+    #[serde(default)]
+    notes: Option<String>,
+}
+
+async fn record_review(
+    State(state): State<AppState>,
+    AnyAuth(who): AnyAuth,
+    Path(id): Path<String>,
+    ApiJson(body): ApiJson<ReviewBody>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    let verdict = body.verdict.parse().map_err(GateError::from)?;
+    let request = state
+        .gate
+        .record_review(&who, &id, verdict, body.notes)
+        .await?;
+    Ok(Json(ApprovalView::new(&request)))
+}
+
+async fn record_decision(
+    State(state): State<AppState>,
+    AnyAuth(who): AnyAuth,
+    ApiJson(input): ApiJson<crate::views::RecordDecisionInput>,
+) -> Result<Response, ApiError> {
+    let (record_id, log_index) = state.gate.record_decision(&who, input.into()).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(serde_json::json!({"record_id": record_id, "log_index": log_index})),
+    )
+        .into_response())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EvidenceParams {
+    mode: Option<String>,
+}
+
+async fn get_evidence(
+    State(state): State<AppState>,
+    AnyAuth(who): AnyAuth,
+    Path(subject): Path<String>,
+    ApiQuery(params): ApiQuery<EvidenceParams>,
+) -> Result<Response, ApiError> {
+    let mode = crate::views::parse_mode(params.mode.as_deref())?;
+    let zip = state.gate.evidence(&who, &subject, mode).await?;
+    let disposition = format!("attachment; filename=\"{subject}.evidence.zip\"");
+    Ok((
+        [
+            (http::header::CONTENT_TYPE, "application/zip".to_string()),
+            (http::header::CONTENT_DISPOSITION, disposition),
+        ],
+        zip,
+    )
+        .into_response())
+}
+
+async fn verify_evidence(
+    State(state): State<AppState>,
+    AnyAuth(_who): AnyAuth,
+    body: axum::body::Bytes,
+) -> Json<crate::views::BundleReportView> {
+    Json(state.gate.verify_evidence(&body).into())
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct CheckpointParams {
+    size: Option<u64>,
+}
+
+/// The signed checkpoint as a C2SP note (text/plain).
+async fn log_checkpoint(
+    State(state): State<AppState>,
+    AnyAuth(_who): AnyAuth,
+    ApiQuery(params): ApiQuery<CheckpointParams>,
+) -> Result<Response, ApiError> {
+    let checkpoint = state.gate.log().checkpoint(params.size).await?;
+    Ok((
+        [(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        checkpoint.note,
+    )
+        .into_response())
+}
+
+async fn log_key(State(state): State<AppState>, AnyAuth(_who): AnyAuth) -> Json<serde_json::Value> {
+    let origin = state.gate.log().origin().to_string();
+    let keys: Vec<serde_json::Value> = state
+        .gate
+        .jwks()
+        .keys
+        .iter()
+        .map(|jwk| {
+            serde_json::json!({
+                "kid": jwk.kid,
+                "verifier_key": countersign_core::checkpoint::verifier_key(&origin, jwk),
+            })
+        })
+        .collect();
+    Json(serde_json::json!({"origin": origin, "keys": keys}))
+}
+
+async fn log_entry(
+    State(state): State<AppState>,
+    AnyAuth(_who): AnyAuth,
+    Path(index): Path<u64>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    use base64::Engine;
+    let event = state.gate.log().entry(index).await?;
+    let leaf = countersign_core::merkle::leaf_hash(&event.bytes);
+    let engine = base64::engine::general_purpose::STANDARD;
+    Ok(Json(serde_json::json!({
+        "index": index,
+        "leaf_hash": engine.encode(leaf),
+        "entry_base64": engine.encode(&event.bytes),
+        "entry": event.entry,
+    })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct InclusionParams {
+    index: u64,
+    tree_size: Option<u64>,
+}
+
+async fn inclusion_proof(
+    State(state): State<AppState>,
+    AnyAuth(_who): AnyAuth,
+    ApiQuery(params): ApiQuery<InclusionParams>,
+) -> Result<Json<countersign_core::bundle::InclusionProof>, ApiError> {
+    Ok(Json(
+        state
+            .gate
+            .log()
+            .inclusion(params.index, params.tree_size)
+            .await?,
+    ))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConsistencyParams {
+    first: u64,
+    second: u64,
+}
+
+async fn consistency_proof(
+    State(state): State<AppState>,
+    AnyAuth(_who): AnyAuth,
+    ApiQuery(params): ApiQuery<ConsistencyParams>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    use base64::Engine;
+    let path = state
+        .gate
+        .log()
+        .consistency(params.first, params.second)
+        .await?;
+    let engine = base64::engine::general_purpose::STANDARD;
+    Ok(Json(serde_json::json!({
+        "first": params.first,
+        "second": params.second,
+        "path": path.iter().map(|h| engine.encode(h)).collect::<Vec<_>>(),
+    })))
 }

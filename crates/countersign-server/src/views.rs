@@ -112,6 +112,15 @@ pub struct DecisionView {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct OutcomeView {
+    /// succeeded, failed or partial.
+    pub status: String,
+    pub summary: Option<String>,
+    pub details: BTreeMap<String, String>,
+    pub recorded_at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct UsedView {
     pub tool: String,
     pub recorded_at: String,
@@ -135,6 +144,8 @@ pub struct ApprovalView {
     pub proof: Option<ProofView>,
     /// Set once the approval has been used (record_action).
     pub used: Option<UsedView>,
+    /// What came of the action (record_outcome).
+    pub outcome: Option<OutcomeView>,
     /// What to do next.
     pub message: String,
 }
@@ -222,6 +233,12 @@ impl ApprovalView {
             used: request.action_record.as_ref().map(|a| UsedView {
                 tool: a.tool.clone(),
                 recorded_at: a.recorded_at.to_string(),
+            }),
+            outcome: request.outcome.as_ref().map(|o| OutcomeView {
+                status: enum_str(&o.status),
+                summary: o.summary.clone(),
+                details: o.details.clone(),
+                recorded_at: o.recorded_at.to_string(),
             }),
             message: guidance(request),
         }
@@ -375,4 +392,129 @@ pub struct DecisionBody {
     pub comment: Option<String>,
     #[serde(default)]
     pub fields: BTreeMap<String, String>,
+}
+
+/// `record_outcome`'s input.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecordOutcomeInput {
+    pub request_id: String,
+    /// succeeded, failed or partial.
+    pub status: String,
+    /// One line on what happened.
+    #[serde(default)]
+    pub summary: Option<String>,
+    #[serde(default)]
+    pub details: BTreeMap<String, String>,
+}
+
+/// The model that made an autonomous decision.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ModelInput {
+    #[serde(default)]
+    pub provider: Option<String>,
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub version: Option<String>,
+}
+
+/// `record_decision`'s input: a decision an agent or system made on its own.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecordDecisionInput {
+    /// What was decided, in words.
+    pub decision: String,
+    #[serde(default)]
+    pub rationale: Option<String>,
+    #[serde(default)]
+    pub model: Option<ModelInput>,
+    /// The authority it acted under, e.g. {"policy": "refunds-under-50"}.
+    #[serde(default)]
+    pub authority: BTreeMap<String, String>,
+    #[serde(default)]
+    pub details: BTreeMap<String, String>,
+    /// An approval request this decision relates to.
+    #[serde(default)]
+    pub related_request: Option<String>,
+}
+
+impl From<RecordDecisionInput> for countersign_core::evidence::DecisionRecordInput {
+    fn from(input: RecordDecisionInput) -> Self {
+        Self {
+            decision: input.decision,
+            rationale: input.rationale,
+            model: input.model.map(|m| countersign_core::evidence::ModelInfo {
+                provider: m.provider,
+                name: m.name,
+                version: m.version,
+            }),
+            authority: input.authority,
+            details: input.details,
+            related_request: input.related_request,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RecordDecisionOutput {
+    /// The recorded decision's id (`dec_...`): pass it to get_evidence.
+    pub record_id: String,
+    /// Its position in the transparency log.
+    pub log_index: u64,
+    pub message: String,
+}
+
+/// `record_review`'s input. The reviewer is set by the operator, never here.
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RecordReviewInput {
+    pub request_id: String,
+    /// accepted or flagged.
+    pub verdict: String,
+    #[serde(default)]
+    pub notes: Option<String>,
+}
+
+/// The result of verifying an evidence bundle.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct BundleReportView {
+    pub valid: bool,
+    /// Every problem found; empty when valid.
+    pub reasons: Vec<String>,
+    pub subject: Option<String>,
+    /// redacted or full.
+    pub mode: Option<String>,
+    pub log_origin: Option<String>,
+    pub tree_size: Option<u64>,
+    /// The verified entries' types, in log order.
+    pub events: Vec<String>,
+    pub decisions: usize,
+}
+
+impl From<countersign_core::bundle::BundleReport> for BundleReportView {
+    fn from(r: countersign_core::bundle::BundleReport) -> Self {
+        Self {
+            valid: r.valid,
+            reasons: r.reasons,
+            subject: r.subject,
+            mode: r.mode.map(|m| enum_str(&m)),
+            log_origin: r.log_origin,
+            tree_size: r.tree_size,
+            events: r.events,
+            decisions: r.decisions,
+        }
+    }
+}
+
+/// Parses an evidence mode name.
+pub fn parse_mode(mode: Option<&str>) -> Result<countersign_core::bundle::Mode, crate::GateError> {
+    match mode.unwrap_or("redacted") {
+        "redacted" => Ok(countersign_core::bundle::Mode::Redacted),
+        "full" => Ok(countersign_core::bundle::Mode::Full),
+        other => Err(crate::GateError::BadInput(format!(
+            "mode {other:?} is not redacted or full"
+        ))),
+    }
 }

@@ -158,7 +158,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Stores the Merkle nodes of entries `[from, to)` and moves the integrated size from
     /// `from` to `to`, atomically, if it is still `from`. Returns false (writing
-    /// nothing) when another process integrated first.
+    /// nothing) when another process integrated first. Nodes are written once: a node
+    /// that already exists is [`StoreError::Corrupt`]; `to` beyond the stored events is
+    /// an error.
     async fn integrate(
         &self,
         from: u64,
@@ -166,7 +168,7 @@ pub trait Store: Send + Sync + 'static {
         nodes: &[(NodeId, Hash)],
     ) -> Result<bool, StoreError>;
 
-    /// The stored hashes of these nodes; a missing node is an error.
+    /// The stored hashes of these nodes; a missing node is [`StoreError::NotFound`].
     async fn log_nodes(&self, ids: &[NodeId]) -> Result<BTreeMap<NodeId, Hash>, StoreError>;
 
     /// Stores a signed checkpoint; a second checkpoint of the same size is ignored.

@@ -28,6 +28,12 @@ pub struct Config {
     /// Allow `countersign approve|reject` without a terminal (scripts). Only settable in
     /// the config file.
     pub cli_unattended_decisions: bool,
+    /// The transparency log's origin, used when the log is first created.
+    pub log_origin: Option<String>,
+    /// Whether evidence bundles may include raw payloads (mode full).
+    pub raw_payload_export: bool,
+    /// The reviewer `record_review` records; `None` keeps it off.
+    pub reviewer: Option<(String, String)>,
 }
 
 /// The config file's shape.
@@ -41,6 +47,29 @@ struct FileConfig {
     max_body_bytes: Option<usize>,
     feed_poll_ms: Option<u64>,
     cli: Option<CliSection>,
+    log: Option<LogSection>,
+    evidence: Option<EvidenceSection>,
+    review: Option<ReviewSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct LogSection {
+    origin: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EvidenceSection {
+    raw_payload_export: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReviewSection {
+    enabled: Option<bool>,
+    reviewer_id: Option<String>,
+    reviewer_name: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -183,7 +212,32 @@ impl Config {
         if !(5..=1000).contains(&feed_poll_ms) {
             bail!("feed_poll_ms must be between 5 and 1000 (it bounds cross-process wake-up)");
         }
+        if let Some(origin) = file.log.as_ref().and_then(|l| l.origin.as_deref())
+            && (origin.is_empty() || origin.chars().any(|c| c.is_whitespace() || c == '+'))
+        {
+            bail!("[log] origin {origin:?} must be non-empty, without spaces or '+'");
+        }
+        let reviewer = match file.review {
+            Some(ReviewSection {
+                enabled: Some(true),
+                reviewer_id,
+                reviewer_name,
+            }) => {
+                let id = reviewer_id.filter(|s| !s.trim().is_empty()).context(
+                    "[review] enabled = true needs reviewer_id: the identity recorded for every review",
+                )?;
+                let name = reviewer_name.unwrap_or_else(|| id.clone());
+                Some((id, name))
+            }
+            _ => None,
+        };
         Ok(Self {
+            log_origin: file.log.and_then(|l| l.origin),
+            raw_payload_export: file
+                .evidence
+                .and_then(|e| e.raw_payload_export)
+                .unwrap_or(false),
+            reviewer,
             listen,
             data_dir,
             config_file,

@@ -52,6 +52,13 @@ enum Command {
     /// Manage signing keys.
     #[command(subcommand)]
     Keys(cmd::keys::KeysCommand),
+    /// Export the evidence bundle (ZIP) of a request or recorded decision.
+    Evidence(cmd::log::EvidenceArgs),
+    /// Verify an evidence bundle offline.
+    VerifyBundle(cmd::log::VerifyBundleArgs),
+    /// Inspect and verify the transparency log.
+    #[command(subcommand)]
+    Log(cmd::log::LogCommand),
     /// Check the data directory, database, key and listening address.
     Doctor(cmd::doctor::DoctorArgs),
 }

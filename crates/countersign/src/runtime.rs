@@ -6,8 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
+use countersign_core::evidence::Reviewer;
 use countersign_core::{Clock, Limits, Principal, Role, SystemClock};
-use countersign_server::{Gate, KeyRing};
+use countersign_server::{Gate, KeyRing, Settings, TransparencyLog};
 use countersign_sqlite::SqliteStore;
 use countersign_store::{ChangeFeed, Store};
 
@@ -34,13 +35,38 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
     let feed = ChangeFeed::start(store.clone(), Duration::from_millis(config.feed_poll_ms))
         .await
         .context("could not read the event log")?;
+    let keys = Arc::new(keys);
+    let proposed = match &config.log_origin {
+        Some(origin) => origin.clone(),
+        None => default_origin()?,
+    };
+    let log = TransparencyLog::open(store.clone(), keys.clone(), clock.clone(), &proposed)
+        .await
+        .context("could not open the transparency log")?;
+    let settings = Settings {
+        limits: Limits::default(),
+        reviewer: config.reviewer.as_ref().map(|(id, name)| Reviewer {
+            id: id.clone(),
+            display_name: name.clone(),
+        }),
+        raw_payload_export: config.raw_payload_export,
+    };
     Ok(Arc::new(Gate::new(
         store,
         feed,
-        Arc::new(keys),
+        keys,
         clock,
-        Limits::default(),
+        Arc::new(log),
+        settings,
     )))
+}
+
+/// `countersign/<12 random hex digits>`: unique to this installation, fixed forever once
+/// the log exists.
+fn default_origin() -> anyhow::Result<String> {
+    let mut id = [0u8; 6];
+    getrandom::fill(&mut id).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    Ok(format!("countersign/{}", hex::encode(id)))
 }
 
 /// The operating-system user running this process.

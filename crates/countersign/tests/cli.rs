@@ -242,6 +242,10 @@ async fn stdio_mcp_offers_the_agent_tools_only() {
         "verify_proof",
         "record_action",
         "cancel_approval",
+        "record_decision",
+        "record_outcome",
+        "get_evidence",
+        "verify_evidence",
     ]
     .into_iter()
     .map(String::from)

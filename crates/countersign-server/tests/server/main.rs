@@ -7,4 +7,5 @@ mod support;
 mod auth;
 mod decisions;
 mod input;
+mod log;
 mod mcp_http;

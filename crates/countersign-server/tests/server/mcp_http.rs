@@ -10,11 +10,15 @@ use serde_json::{Value, json};
 
 use crate::support::{err, ok, start, start_with};
 
-const AGENT_TOOLS: [&str; 6] = [
+const AGENT_TOOLS: [&str; 10] = [
     "cancel_approval",
     "check_approval",
+    "get_evidence",
     "record_action",
+    "record_decision",
+    "record_outcome",
     "request_approval",
+    "verify_evidence",
     "verify_proof",
     "wait_for_approval",
 ];

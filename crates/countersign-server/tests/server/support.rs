@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use countersign_core::{Limits, Principal, Role, SystemClock};
-use countersign_server::{Gate, HttpConfig, KeyRing};
+use countersign_core::{Principal, Role, SystemClock};
+use countersign_server::{Gate, HttpConfig, KeyRing, Settings, TransparencyLog};
 use countersign_sqlite::SqliteStore;
 use countersign_store::{ChangeFeed, Store};
 use rmcp::model::{CallToolRequestParams, CallToolResult, ClientRequest, Request, ServerResult};
@@ -40,24 +40,35 @@ pub async fn start() -> TestServer {
 }
 
 pub async fn start_with(config: HttpConfig) -> TestServer {
+    start_full(config, Settings::default()).await
+}
+
+pub async fn start_full(config: HttpConfig, settings: Settings) -> TestServer {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> =
         Arc::new(SqliteStore::open(&dir.path().join("countersign.db")).unwrap());
     let feed = ChangeFeed::start(store.clone(), Duration::from_millis(50))
         .await
         .unwrap();
-    let keys = KeyRing::open_or_create(
-        &dir.path().join("keys"),
-        countersign_core::Clock::now(&SystemClock),
-    )
-    .unwrap();
-    let gate = Arc::new(Gate::new(
-        store,
-        feed,
-        Arc::new(keys),
-        Arc::new(SystemClock),
-        Limits::default(),
-    ));
+    let keys = Arc::new(
+        KeyRing::open_or_create(
+            &dir.path().join("keys"),
+            countersign_core::Clock::now(&SystemClock),
+        )
+        .unwrap(),
+    );
+    let clock: Arc<dyn countersign_core::Clock> = Arc::new(SystemClock);
+    let log = Arc::new(
+        TransparencyLog::open(
+            store.clone(),
+            keys.clone(),
+            clock.clone(),
+            "countersign/test",
+        )
+        .await
+        .unwrap(),
+    );
+    let gate = Arc::new(Gate::new(store, feed, keys, clock, log, settings));
     let setup = Principal::local_user("test-setup", Role::Admin);
     let token = |name: &'static str, role| {
         let gate = gate.clone();
@@ -75,6 +86,11 @@ pub async fn start_with(config: HttpConfig) -> TestServer {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(gate.clone().run_expiry(shutdown.clone()));
+    tokio::spawn(
+        gate.log()
+            .clone()
+            .run(gate.feed().clone(), shutdown.clone()),
+    );
     let stop = shutdown.clone();
     tokio::spawn(async move {
         axum::serve(listener, app)
@@ -162,7 +178,7 @@ impl TestServer {
             .await
             .unwrap()
             .into_iter()
-            .map(|e| e.event.kind().to_string())
+            .map(|e| e.entry.kind.as_str().to_string())
             .collect()
     }
 }

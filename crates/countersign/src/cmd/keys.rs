@@ -11,10 +11,20 @@ pub enum KeysCommand {
     /// Print the public keys as a JWKS (what GET /.well-known/jwks.json serves), for
     /// verifying proofs offline.
     Export,
+    /// Start signing with a new key. The old key stays in the JWKS, so everything it
+    /// signed still verifies; running processes pick the new key up by themselves.
+    Rotate,
 }
 
-pub fn run(config: &Config, command: KeysCommand) -> anyhow::Result<ExitCode> {
+pub async fn run(config: &Config, command: KeysCommand) -> anyhow::Result<ExitCode> {
     match command {
+        KeysCommand::Rotate => {
+            let gate = crate::runtime::open(config).await?;
+            let (old, new) = gate.rotate_key(&crate::runtime::local_admin()).await?;
+            gate.log().integrate().await?;
+            println!("{new}");
+            eprintln!("now signing with {new}; {old} is retired and stays published");
+        }
         KeysCommand::Export => {
             let keys = KeyRing::open_existing(&config.keys_dir()).with_context(|| {
                 format!(

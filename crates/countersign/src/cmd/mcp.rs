@@ -26,6 +26,11 @@ pub async fn run(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCode> {
     let gate = runtime::open(config).await?;
     let shutdown = CancellationToken::new();
     tokio::spawn(gate.clone().run_expiry(shutdown.clone()));
+    tokio::spawn(
+        gate.log()
+            .clone()
+            .run(gate.feed().clone(), shutdown.clone()),
+    );
     let principal = runtime::stdio_agent(args.agent_name.as_deref());
     tracing::info!(agent = %principal.id, data_dir = %config.data_dir.display(), "serving MCP over stdio");
     let service = McpService::new(gate, Identity::Fixed(principal), false);

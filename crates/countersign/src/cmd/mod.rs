@@ -4,6 +4,7 @@
 pub mod decide;
 pub mod doctor;
 pub mod keys;
+pub mod log;
 pub mod mcp;
 pub mod serve;
 pub mod token;
@@ -34,7 +35,10 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
             decide::decide(&config, &args, countersign_core::Verdict::Rejected).await
         }
         Command::Verify(args) => verify::run(&config, &args).await,
-        Command::Keys(command) => keys::run(&config, command),
+        Command::Keys(command) => keys::run(&config, command).await,
+        Command::Evidence(args) => log::evidence(&config, &args).await,
+        Command::VerifyBundle(args) => log::verify_bundle(&config, &args).await,
+        Command::Log(command) => log::run(&config, command).await,
         Command::Doctor(_) => doctor::run(&config).await,
     }
 }

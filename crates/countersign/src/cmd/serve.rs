@@ -39,6 +39,11 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
     };
     let app = countersign_server::router(gate.clone(), &http, shutdown.clone());
     tokio::spawn(gate.clone().run_expiry(shutdown.clone()));
+    tokio::spawn(
+        gate.log()
+            .clone()
+            .run(gate.feed().clone(), shutdown.clone()),
+    );
 
     eprintln!(
         "countersign {} listening on http://{addr} (data directory {}, signing key {})",

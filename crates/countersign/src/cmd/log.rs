@@ -1,0 +1,249 @@
+//! Evidence bundles and the transparency log from the command line.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use countersign_core::Jwks;
+use countersign_core::bundle;
+use countersign_core::checkpoint::Checkpoint;
+use countersign_core::logcheck::LogVerifier;
+use countersign_core::merkle;
+use countersign_server::KeyRing;
+use countersign_server::views::parse_mode;
+use countersign_sqlite::SqliteStore;
+use countersign_store::Store;
+
+use crate::config::Config;
+use crate::runtime;
+
+#[derive(Debug, Args)]
+pub struct EvidenceArgs {
+    /// A request id (req_...) or a recorded decision id (dec_...).
+    pub id: String,
+    /// redacted (default) or full (needs [evidence] raw_payload_export = true).
+    #[arg(long)]
+    pub mode: Option<String>,
+    /// Where to write the ZIP (default: <id>.evidence.zip; `-` for standard output).
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyBundleArgs {
+    /// The bundle (ZIP).
+    pub file: PathBuf,
+    /// Verify signatures against this JWKS (your own pinned copy of the server's keys)
+    /// instead of the one inside the bundle.
+    #[arg(long, value_name = "FILE")]
+    pub jwks: Option<PathBuf>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LogCommand {
+    /// Recompute the whole log from its stored entries and check every stored checkpoint
+    /// (root and signature) and the stored Merkle nodes.
+    Verify,
+    /// Prove that the log of NEW (a checkpoint file) extends the log of OLD: nothing
+    /// was removed or rewritten in between.
+    Consistency {
+        old: PathBuf,
+        new: PathBuf,
+        /// Verify the checkpoints against this JWKS (default: the data directory's keys).
+        #[arg(long, value_name = "FILE")]
+        jwks: Option<PathBuf>,
+    },
+    /// Print the newest signed checkpoint (integrating new entries first).
+    Checkpoint,
+}
+
+pub async fn evidence(config: &Config, args: &EvidenceArgs) -> anyhow::Result<ExitCode> {
+    let gate = runtime::open(config).await?;
+    let mode = parse_mode(args.mode.as_deref())?;
+    let zip = gate
+        .evidence(&runtime::local_admin(), &args.id, mode)
+        .await?;
+    match &args.output {
+        Some(path) if path.as_os_str() == "-" => {
+            use std::io::Write;
+            std::io::stdout().write_all(&zip)?;
+        }
+        other => {
+            let path = other
+                .clone()
+                .unwrap_or_else(|| PathBuf::from(format!("{}.evidence.zip", args.id)));
+            std::fs::write(&path, &zip)
+                .with_context(|| format!("could not write {}", path.display()))?;
+            eprintln!("wrote {} ({} bytes)", path.display(), zip.len());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn read_jwks(path: &PathBuf) -> anyhow::Result<Jwks> {
+    let text = std::fs::read(path).with_context(|| format!("could not read {}", path.display()))?;
+    serde_json::from_slice(&text)
+        .with_context(|| format!("{} is not a JWKS ({{\"keys\": [...]}})", path.display()))
+}
+
+pub async fn verify_bundle(_config: &Config, args: &VerifyBundleArgs) -> anyhow::Result<ExitCode> {
+    let zip = std::fs::read(&args.file)
+        .with_context(|| format!("could not read {}", args.file.display()))?;
+    let pinned = args.jwks.as_ref().map(read_jwks).transpose()?;
+    let report = bundle::verify(&zip, pinned.as_ref());
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if report.valid {
+        println!(
+            "valid: {} ({} entries: {}; {} decision proof(s)) in log {} at size {}",
+            report.subject.as_deref().unwrap_or("?"),
+            report.events.len(),
+            report.events.join(", "),
+            report.decisions,
+            report.log_origin.as_deref().unwrap_or("?"),
+            report.tree_size.unwrap_or(0)
+        );
+    } else {
+        println!("INVALID bundle:");
+        for reason in &report.reasons {
+            println!("  - {reason}");
+        }
+    }
+    Ok(if report.valid {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+pub async fn run(config: &Config, command: LogCommand) -> anyhow::Result<ExitCode> {
+    match command {
+        LogCommand::Verify => verify_log(config).await,
+        LogCommand::Checkpoint => {
+            let gate = runtime::open(config).await?;
+            let checkpoint = gate.log().checkpoint(None).await?;
+            print!("{}", checkpoint.note);
+            Ok(ExitCode::SUCCESS)
+        }
+        LogCommand::Consistency { old, new, jwks } => {
+            consistency(config, &old, &new, jwks.as_ref()).await
+        }
+    }
+}
+
+/// Recomputes everything from the entries alone.
+async fn verify_log(config: &Config) -> anyhow::Result<ExitCode> {
+    let started = Instant::now();
+    let db = config.database_path();
+    if !db.exists() {
+        bail!("no database at {}", db.display());
+    }
+    let store = SqliteStore::open(&db)?;
+    let keys = KeyRing::open_existing(&config.keys_dir())?;
+    let origin = store.log_origin("").await?;
+    let checkpoints = store.checkpoints().await?;
+    let notes: Vec<String> = checkpoints.iter().map(|c| c.note.clone()).collect();
+    let mut verifier = LogVerifier::new(&notes, &keys.jwks(), &origin);
+    let mut problems = Vec::new();
+    let mut cursor = 0;
+    loop {
+        let page = store.events_after(cursor, 10_000).await?;
+        if page.is_empty() {
+            break;
+        }
+        for event in &page {
+            if event.seq != cursor + 1 {
+                problems.push(format!(
+                    "event {} follows event {cursor}: the sequence has a gap",
+                    event.seq
+                ));
+            }
+            verifier.push(&event.bytes);
+            cursor = event.seq;
+        }
+    }
+    let report = verifier.finish();
+    problems.extend(report.problems.iter().cloned());
+    // The stored tree (what proofs are served from) agrees with the recomputed one.
+    for stored in &checkpoints {
+        if stored.size > report.entries {
+            continue;
+        }
+        let nodes = store.log_nodes(&merkle::root_nodes(stored.size)).await;
+        let root = nodes
+            .ok()
+            .and_then(|nodes| merkle::root(stored.size, &mut |id| nodes.get(&id).copied()).ok());
+        if root.is_none() || root.as_ref() != report.roots.get(&stored.size) {
+            problems.push(format!(
+                "the stored Merkle nodes of size {} do not match the entries",
+                stored.size
+            ));
+        }
+    }
+    println!(
+        "{} entries, {} checkpoints, log {origin}, recomputed in {:.2?}",
+        report.entries,
+        checkpoints.len(),
+        started.elapsed()
+    );
+    if problems.is_empty() {
+        println!("ok: every checkpoint matches the entries and is signed by a published key");
+        Ok(ExitCode::SUCCESS)
+    } else {
+        println!("INVALID log:");
+        for p in &problems {
+            println!("  - {p}");
+        }
+        Ok(ExitCode::from(1))
+    }
+}
+
+async fn consistency(
+    config: &Config,
+    old: &PathBuf,
+    new: &PathBuf,
+    jwks: Option<&PathBuf>,
+) -> anyhow::Result<ExitCode> {
+    let jwks = match jwks {
+        Some(path) => read_jwks(path)?,
+        None => KeyRing::open_existing(&config.keys_dir())?.jwks(),
+    };
+    let read = |path: &PathBuf| -> anyhow::Result<Checkpoint> {
+        let note = std::fs::read_to_string(path)
+            .with_context(|| format!("could not read {}", path.display()))?;
+        Checkpoint::verify(&note, &jwks, None)
+            .with_context(|| format!("{} is not a valid signed checkpoint", path.display()))
+    };
+    let (a, b) = (read(old)?, read(new)?);
+    if a.origin != b.origin {
+        bail!(
+            "the checkpoints are of different logs ({} and {})",
+            a.origin,
+            b.origin
+        );
+    }
+    let store = SqliteStore::open(&config.database_path())?;
+    let ids = merkle::consistency_nodes(a.size, b.size)?;
+    let nodes = store.log_nodes(&ids).await?;
+    let proof = merkle::consistency_proof(a.size, b.size, &mut |id| nodes.get(&id).copied())?;
+    match merkle::verify_consistency(a.size, b.size, &a.root, &b.root, &proof) {
+        Ok(()) => {
+            println!(
+                "consistent: the log of {} entries extends the log of {} entries ({} proof hashes)",
+                b.size,
+                a.size,
+                proof.len()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            println!("INCONSISTENT: {e}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}
