@@ -59,6 +59,14 @@ impl ChangeFeed {
             cursor: AtomicU64::new(start),
             advanced: Notify::new(),
         });
+        let weak = Arc::downgrade(&inner);
+        store
+            .listen(Arc::new(move || {
+                if let Some(inner) = weak.upgrade() {
+                    inner.poke.notify_one();
+                }
+            }))
+            .await?;
         let task = tokio::spawn(run(Arc::downgrade(&inner), store, poll_interval));
         Ok(Self {
             inner,

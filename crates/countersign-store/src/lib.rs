@@ -14,6 +14,7 @@ pub mod testsuite;
 
 use async_trait::async_trait;
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use countersign_core::merkle::{Hash, NodeId};
 use countersign_core::{
@@ -182,4 +183,16 @@ pub trait Store: Send + Sync + 'static {
 
     /// Checks that the database answers and is writable; says what is wrong otherwise.
     async fn check(&self) -> Result<(), StoreError>;
+
+    /// Starts pushing change notifications: the backend calls `on_change` soon after
+    /// events are committed by any process or instance (e.g. PostgreSQL LISTEN/NOTIFY).
+    /// Backends without such a channel keep the default, and the change feed relies on
+    /// its poll interval. A notification may be lost; the feed's poll still catches up.
+    async fn listen(&self, on_change: ChangeCallback) -> Result<(), StoreError> {
+        let _ = on_change;
+        Ok(())
+    }
 }
+
+/// What a backend calls when it learns that events were committed.
+pub type ChangeCallback = Arc<dyn Fn() + Send + Sync>;
