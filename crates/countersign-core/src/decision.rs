@@ -120,6 +120,24 @@ impl ApprovalRequest {
             other => other,
         };
         validate_map("fields", &input.fields, limits.max_fields, limits)?;
+        if verdict == Verdict::Approved {
+            let missing: Vec<&str> = self
+                .requested_fields
+                .iter()
+                .filter(|f| input.fields.get(*f).is_none_or(|v| v.trim().is_empty()))
+                .map(String::as_str)
+                .collect();
+            if !missing.is_empty() {
+                return Err(CoreError::invalid(
+                    "fields",
+                    format!(
+                        "the request asks for {} to approve it; fill in {}",
+                        self.requested_fields.join(", "),
+                        missing.join(", ")
+                    ),
+                ));
+            }
+        }
         let decision = Decision {
             decision: verdict,
             authorization_type: AuthorizationType::Human,

@@ -200,6 +200,7 @@ impl Event {
                 "requested_by": request.requested_by,
                 "expires_at": request.expires_at,
                 "valid_for_seconds": request.valid_for_seconds,
+                "requested_fields": request.requested_fields,
             }),
             Some(json!({
                 "action": request.action,

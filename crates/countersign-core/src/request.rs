@@ -152,6 +152,9 @@ pub struct NewRequest {
     /// How long an approval stays usable after it is given (default 15 minutes).
     pub valid_for_seconds: Option<u64>,
     pub idempotency_key: Option<String>,
+    /// Structured fields the approver must fill in to approve (e.g. `po_number`); they
+    /// go into the signed proof.
+    pub requested_fields: Vec<String>,
 }
 
 /// An approval request and everything that has happened to it.
@@ -173,6 +176,9 @@ pub struct ApprovalRequest {
     pub recipient_slack: Option<String>,
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Fields the approver must fill in to approve.
+    #[serde(default)]
+    pub requested_fields: Vec<String>,
     #[serde(default)]
     pub decision: Option<Decision>,
     /// The signed proof of the decision (approvals and rejections alike).
@@ -237,6 +243,7 @@ impl ApprovalRequest {
         }
         let recipient_slack = optional_text("recipient_slack", new.recipient_slack, 256)?;
         let idempotency_key = optional_text("idempotency_key", new.idempotency_key, 255)?;
+        let requested_fields = validate_field_names(new.requested_fields, limits)?;
         let request = Self {
             id,
             version: 1,
@@ -250,6 +257,7 @@ impl ApprovalRequest {
             recipient_email,
             recipient_slack,
             idempotency_key,
+            requested_fields,
             decision: None,
             proof: None,
             closed_at: None,
@@ -463,6 +471,34 @@ fn optional_text(
         }
         Some(v) => Ok(Some(v)),
     }
+}
+
+fn validate_field_names(names: Vec<String>, limits: &Limits) -> Result<Vec<String>, CoreError> {
+    if names.len() > limits.max_fields {
+        return Err(CoreError::invalid(
+            "requested_fields",
+            format!("at most {} fields may be requested", limits.max_fields),
+        ));
+    }
+    let mut out: Vec<String> = Vec::with_capacity(names.len());
+    for name in names {
+        let name = name.trim().to_string();
+        let valid = !name.is_empty()
+            && name.len() <= 64
+            && name
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+        if !valid {
+            return Err(CoreError::invalid(
+                "requested_fields",
+                format!("{name:?} is not a field name (letters, digits, _ - ., at most 64)"),
+            ));
+        }
+        if !out.contains(&name) {
+            out.push(name);
+        }
+    }
+    Ok(out)
 }
 
 fn timeout_seconds(
@@ -856,6 +892,62 @@ mod tests {
                 ..
             })
         ));
+    }
+
+    #[test]
+    fn requested_fields_must_be_filled_to_approve() {
+        let limits = Limits::default();
+        let req = ApprovalRequest::create(
+            "r".into(),
+            NewRequest {
+                requested_fields: vec!["po_number".into(), "po_number".into()],
+                ..new_request()
+            },
+            &agent(),
+            t0(),
+            &limits,
+        )
+        .unwrap()
+        .request;
+        assert_eq!(req.requested_fields, vec!["po_number".to_string()]);
+        let attempt = |fields: BTreeMap<String, String>, verdict| {
+            req.decide(
+                verdict,
+                DecisionInput {
+                    comment: None,
+                    fields,
+                },
+                &approver(),
+                Channel::Api,
+                t0(),
+                "n".into(),
+                &signer(),
+                &limits,
+            )
+        };
+        let err = attempt(BTreeMap::new(), Verdict::Approved).unwrap_err();
+        assert!(err.to_string().contains("po_number"), "{err}");
+        assert!(
+            attempt(BTreeMap::new(), Verdict::Rejected).is_ok(),
+            "a rejection needs no fields"
+        );
+        let ok = attempt(
+            BTreeMap::from([("po_number".to_string(), "PO-1".to_string())]),
+            Verdict::Approved,
+        )
+        .unwrap();
+        assert_eq!(ok.request.decision.unwrap().fields["po_number"], "PO-1");
+        let bad = ApprovalRequest::create(
+            "r".into(),
+            NewRequest {
+                requested_fields: vec!["no spaces".into()],
+                ..new_request()
+            },
+            &agent(),
+            t0(),
+            &limits,
+        );
+        assert!(matches!(bad, Err(CoreError::Invalid { .. })));
     }
 
     #[test]

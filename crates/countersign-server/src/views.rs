@@ -37,6 +37,10 @@ pub struct RequestApprovalInput {
     /// request instead of creating another.
     #[serde(default)]
     pub idempotency_key: Option<String>,
+    /// Names of fields the approver must fill in to approve (e.g. ["po_number"]); their
+    /// values come back in the decision and the signed proof.
+    #[serde(default)]
+    pub requested_fields: Vec<String>,
 }
 
 impl From<RequestApprovalInput> for NewRequest {
@@ -50,6 +54,7 @@ impl From<RequestApprovalInput> for NewRequest {
             timeout_seconds: input.timeout_seconds,
             valid_for_seconds: input.valid_for_seconds,
             idempotency_key: input.idempotency_key,
+            requested_fields: input.requested_fields,
         }
     }
 }
@@ -138,6 +143,8 @@ pub struct ApprovalView {
     pub requested_by: String,
     pub requested_at: String,
     pub expires_at: String,
+    /// Fields the approver fills in to approve.
+    pub requested_fields: Vec<String>,
     pub decision: Option<DecisionView>,
     /// The signed proof (a DSSE envelope), once decided. Pass it to verify_proof, or
     /// verify it offline with the server's JWKS.
@@ -211,6 +218,7 @@ impl ApprovalView {
             requested_by: request.requested_by.id.clone(),
             requested_at: request.requested_at.to_string(),
             expires_at: request.expires_at.to_string(),
+            requested_fields: request.requested_fields.clone(),
             decision: request.decision.as_ref().map(|d| DecisionView {
                 decision: d.decision.as_str().to_string(),
                 authorization_type: enum_str(&d.authorization_type),
