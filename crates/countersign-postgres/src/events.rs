@@ -1,0 +1,157 @@
+//! The event log: every state change, gap-free and in commit order, with the openings of
+//! the entries' payload commitments beside it.
+//!
+//! Every write that appends an event is one SQL statement (see `writer.rs` for why):
+//! its own change in data-modifying CTEs, then [`append_ctes`], which inserts the event
+//! only if the change happened. The statement runs under the log head lock, so
+//! `max(seq) + 1` is the next number across all instances, and a statement that does
+//! not insert burns none.
+
+use std::collections::BTreeMap;
+
+use countersign_core::{LogEntry, PayloadOpening, SealedEvent};
+use countersign_store::{StoreError, StoredEvent};
+use tokio_postgres::Row;
+use tokio_postgres::types::ToSql;
+
+use crate::error::{column_err, corrupt, encode_err, to_sql_int, to_u64};
+
+/// An event ready to insert, encoded on the caller's task rather than the writer's. Its
+/// values are parameters `$1` to `$6` of every appending statement.
+pub(crate) struct EventRow {
+    at: i64,
+    kind: &'static str,
+    subject: Option<String>,
+    bytes: Vec<u8>,
+    salt: Option<String>,
+    payload: Option<String>,
+}
+
+impl EventRow {
+    pub(crate) fn of(event: &SealedEvent) -> Result<Self, StoreError> {
+        let (salt, payload) = match &event.payload {
+            Some(opening) => (
+                Some(opening.salt.clone()),
+                Some(
+                    serde_json::to_string(&opening.payload)
+                        .map_err(|e| encode_err("a payload", e))?,
+                ),
+            ),
+            None => (None, None),
+        };
+        Ok(Self {
+            at: event.entry.at.millis(),
+            kind: event.entry.kind.as_str(),
+            subject: event.entry.subject.clone(),
+            bytes: event.bytes.clone(),
+            salt,
+            payload,
+        })
+    }
+
+    /// Parameters `$1` to `$6`.
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 6] {
+        [
+            &self.at,
+            &self.kind,
+            &self.subject,
+            &self.bytes,
+            &self.salt,
+            &self.payload,
+        ]
+    }
+}
+
+/// The CTEs `event` (returning the new `seq`) and `opening` that append the event in
+/// `$1`..`$6` if the CTE named `gate` returned a row. The statement's last column
+/// should be `(SELECT seq FROM event)`: the number, or NULL when nothing was written.
+pub(crate) fn append_ctes(gate: &str) -> String {
+    format!(
+        "event AS (
+            INSERT INTO events (seq, at, kind, subject, bytes)
+            SELECT coalesce((SELECT max(seq) FROM events), 0) + 1,
+                   $1::bigint, $2::text, $3::text, $4::bytea
+            WHERE EXISTS (SELECT 1 FROM {gate})
+            RETURNING seq
+        ),
+        opening AS (
+            INSERT INTO payloads (seq, salt, payload)
+            SELECT seq, $5::text, $6::text FROM event WHERE $5::text IS NOT NULL
+        )"
+    )
+}
+
+/// Appends an event that changes nothing else.
+pub(crate) fn append_sql() -> String {
+    format!(
+        "WITH always AS (SELECT 1), {}
+         SELECT (SELECT seq FROM event)",
+        append_ctes("always")
+    )
+}
+
+/// The sequence number an appending statement wrote, from its first column.
+pub(crate) fn written_seq(row: &Row) -> Result<Option<u64>, StoreError> {
+    let seq: Option<i64> = row
+        .try_get(0)
+        .map_err(column_err("the number of an appended event"))?;
+    seq.map(|s| to_u64("an appended event's number", s))
+        .transpose()
+}
+
+pub(crate) const AFTER: &str = "SELECT seq, bytes FROM events WHERE seq > $1 ORDER BY seq LIMIT $2";
+pub(crate) const OF_SUBJECT: &str = "SELECT seq, bytes FROM events WHERE subject = $1 ORDER BY seq";
+pub(crate) const PAYLOADS: &str =
+    "SELECT seq, salt, payload FROM payloads WHERE seq = ANY($1::bigint[])";
+pub(crate) const LAST_SEQ: &str = "SELECT last_seq FROM log_head";
+
+pub(crate) fn after_params(after: u64, limit: usize) -> (i64, i64) {
+    (to_sql_int(after), to_sql_int(limit))
+}
+
+pub(crate) fn decode_events(rows: &[Row]) -> Result<Vec<StoredEvent>, StoreError> {
+    rows.iter()
+        .map(|row| {
+            let seq: i64 = row.try_get(0).map_err(column_err("an event's number"))?;
+            let bytes: Vec<u8> = row.try_get(1).map_err(column_err("an event's bytes"))?;
+            let entry: LogEntry = serde_json::from_slice(&bytes)
+                .map_err(|e| corrupt(format!("log entry {seq}"), e))?;
+            Ok(StoredEvent {
+                seq: to_u64("an event's number", seq)?,
+                entry,
+                bytes,
+            })
+        })
+        .collect()
+}
+
+/// The numbers to ask for: without repeats, and none that cannot be stored.
+pub(crate) fn payload_seqs(seqs: &[u64]) -> Vec<i64> {
+    let mut wanted: Vec<i64> = seqs.iter().filter_map(|s| i64::try_from(*s).ok()).collect();
+    wanted.sort_unstable();
+    wanted.dedup();
+    wanted
+}
+
+pub(crate) fn decode_payloads(rows: &[Row]) -> Result<BTreeMap<u64, PayloadOpening>, StoreError> {
+    let mut out = BTreeMap::new();
+    for row in rows {
+        let seq: i64 = row.try_get(0).map_err(column_err("a payload's number"))?;
+        let salt: String = row.try_get(1).map_err(column_err("a payload's salt"))?;
+        let payload: String = row.try_get(2).map_err(column_err("a payload"))?;
+        let payload =
+            serde_json::from_str(&payload).map_err(|e| corrupt(format!("payload {seq}"), e))?;
+        out.insert(
+            to_u64("a payload's number", seq)?,
+            PayloadOpening { salt, payload },
+        );
+    }
+    Ok(out)
+}
+
+pub(crate) fn decode_last_seq(row: &Row) -> Result<u64, StoreError> {
+    let seq: i64 = row
+        .try_get(0)
+        .map_err(column_err("the number of the newest event"))?;
+    to_u64("the number of the newest event", seq)
+}

@@ -1,0 +1,531 @@
+//! countersign's PostgreSQL storage: several countersign instances, one database, one
+//! gap-free event log.
+//!
+//! - Appends are serialized across all instances by a row lock on the one-row
+//!   `log_head` table, taken first by every transaction that appends, so sequence
+//!   numbers are gap-free and in commit order (`writer.rs`).
+//! - Each instance's writer batches the writes queued meanwhile into one transaction,
+//!   so a commit (a WAL flush; `synchronous_commit` stays `on`) is shared by many.
+//! - Every appending transaction sends `NOTIFY countersign_events`; [`Store::listen`]
+//!   keeps a connection that `LISTEN`s and pokes the change feed, so an agent waiting
+//!   on one instance wakes when another instance records the decision (`listener.rs`).
+//! - Migrations run on connect under an advisory lock, so instances may start together
+//!   (`schema.rs`).
+//! - Reads and log integration use a pool of connections (deadpool-postgres).
+//!
+//! # The database URL
+//!
+//! `postgres://user:password@host:port/database?param=value&...` (or `postgresql://`),
+//! or libpq's `key=value` form. Parameters: `user`, `password`, `dbname`, `host` (a
+//! directory for a Unix socket, e.g. `host=/var/run/postgresql`; several hosts
+//! separated by commas are tried in turn), `hostaddr`, `port`, `options` (server
+//! settings such as `-c statement_timeout=5000`), `application_name` (default
+//! `countersign`), `connect_timeout` (seconds; default [`Options::connect_timeout`]),
+//! `keepalives`, `keepalives_idle`, `keepalives_interval`, `keepalives_retries`,
+//! `tcp_user_timeout`, `target_session_attrs` (`read-write` makes a client with several
+//! hosts pick the primary), `load_balance_hosts` and `channel_binding`.
+//!
+//! TLS is not built in: `sslmode=disable` or `prefer` connect in plain text, and
+//! `sslmode=require` is refused at connect. Run PostgreSQL on a private network or the
+//! same host, or add a TLS connector (see `connection.rs`).
+
+mod config;
+mod connection;
+mod error;
+mod events;
+mod listener;
+mod log;
+mod requests;
+mod schema;
+mod tokens;
+mod writer;
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use countersign_core::merkle::{Hash, NodeId};
+use countersign_core::{
+    ApprovalRequest, PayloadOpening, SealedEvent, SealedTransition, Timestamp, TokenRecord,
+};
+use countersign_store::{
+    ChangeCallback, Created, RequestQuery, Store, StoreError, StoredCheckpoint, StoredEvent,
+};
+use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
+use tokio::sync::oneshot;
+use tokio_postgres::NoTls;
+use tokio_postgres::types::ToSql;
+
+use crate::config::Target;
+use crate::connection::AbortOnDrop;
+use crate::error::{column_err, connect_err, db_err, pool_err, to_sql_int};
+use crate::events::EventRow;
+use crate::requests::{Inserted, TransitionRow};
+use crate::tokens::{NewToken, Revocation};
+use crate::writer::{Outcome, Write, Writer};
+
+pub use crate::config::Options;
+pub use crate::schema::SCHEMA_VERSION;
+pub use crate::writer::WriterStats;
+
+/// What the server says about itself, for `doctor` output and tests.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServerInfo {
+    /// e.g. "15.4".
+    pub server_version: String,
+    /// `on` unless someone changed it for our sessions; acknowledged writes are durable
+    /// only when it is `on` (or `remote_write` and stronger with a standby).
+    pub synchronous_commit: String,
+    /// The schema our tables are in.
+    pub schema: String,
+    /// The countersign schema version found there (0 if none).
+    pub schema_version: i32,
+    /// A standby in recovery: it can serve no writes.
+    pub in_recovery: bool,
+    /// Transactions are read-only by default for our sessions.
+    pub read_only: bool,
+}
+
+/// The PostgreSQL store. Share it behind an `Arc`; dropping it stops its listeners at
+/// once and its writer once the queued writes are done.
+pub struct PostgresStore {
+    target: Arc<Target>,
+    pool: Pool,
+    writer: Writer,
+    listeners: Mutex<Vec<AbortOnDrop>>,
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url` and brings its schema up to date.
+    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+        Self::connect_with(url, &Options::default()).await
+    }
+
+    pub async fn connect_with(url: &str, options: &Options) -> Result<Self, StoreError> {
+        let store = Self::connect_lazy(url, options)?;
+        schema::migrate(&store.target).await?;
+        Ok(store)
+    }
+
+    /// A store that has not touched the database yet: it connects on first use and
+    /// runs no migrations (see [`migrate`](Self::migrate)). For health checks of a
+    /// database that may be down, and for instances that should start (and report
+    /// themselves unhealthy) while it is. Fails only for a malformed URL or options.
+    /// Must be called within a tokio runtime.
+    pub fn connect_lazy(url: &str, options: &Options) -> Result<Self, StoreError> {
+        // The writer is a task: without a runtime, spawning it would panic.
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(StoreError::Backend(
+                "the PostgreSQL store must be opened within a tokio runtime".into(),
+            ));
+        }
+        let target = Arc::new(Target::new(url, options)?);
+        let manager = Manager::from_config(
+            target.config.clone(),
+            NoTls,
+            ManagerConfig {
+                // A connection that broke is noticed (and replaced) when it is next
+                // handed out; queries on it fail rather than hang, and are retryable.
+                recycling_method: RecyclingMethod::Fast,
+            },
+        );
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size.max(1))
+            .wait_timeout(Some(options.connect_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .runtime(Runtime::Tokio1)
+            .build()
+            .map_err(|e| StoreError::Backend(format!("could not set up a connection pool: {e}")))?;
+        let writer = Writer::start((*target).clone());
+        Ok(Self {
+            target,
+            pool,
+            writer,
+            listeners: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// Brings the schema up to date (what [`connect`](Self::connect) does); returns
+    /// the schema version.
+    pub async fn migrate(&self) -> Result<i32, StoreError> {
+        schema::migrate(&self.target).await
+    }
+
+    /// The server, without the password: `host:port/database as user`.
+    pub fn target(&self) -> &str {
+        &self.target.name
+    }
+
+    /// How many transactions the writer ran and how many writes they carried.
+    pub fn writer_stats(&self) -> WriterStats {
+        self.writer.stats()
+    }
+
+    pub async fn server_info(&self) -> Result<ServerInfo, StoreError> {
+        let op = "read the server's settings";
+        let client = self.client(op).await?;
+        let row = client
+            .query_one(
+                "SELECT current_setting('server_version'),
+                        current_setting('synchronous_commit'),
+                        coalesce(current_schema(), ''),
+                        pg_is_in_recovery(),
+                        current_setting('transaction_read_only') = 'on',
+                        to_regclass('schema_version') IS NOT NULL",
+                &[],
+            )
+            .await
+            .map_err(db_err(op))?;
+        let column = column_err("the server's settings");
+        let has_versions: bool = row.try_get(5).map_err(&column)?;
+        let schema_version = if has_versions {
+            schema::current_version(&client).await.map_err(db_err(op))?
+        } else {
+            0
+        };
+        Ok(ServerInfo {
+            server_version: row.try_get(0).map_err(&column)?,
+            synchronous_commit: row.try_get(1).map_err(&column)?,
+            schema: row.try_get(2).map_err(&column)?,
+            in_recovery: row.try_get(3).map_err(&column)?,
+            read_only: row.try_get(4).map_err(&column)?,
+            schema_version,
+        })
+    }
+
+    async fn client(&self, op: &'static str) -> Result<Object, StoreError> {
+        self.pool
+            .get()
+            .await
+            .map_err(|e| pool_err(op, &self.target.name, e))
+    }
+
+    /// Runs one prepared (and per-connection cached) statement on a pooled connection.
+    async fn query(
+        &self,
+        op: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
+        let client = self.client(op).await?;
+        let statement = client.prepare_cached(sql).await.map_err(db_err(op))?;
+        client.query(&statement, params).await.map_err(db_err(op))
+    }
+
+    async fn query_one(
+        &self,
+        op: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<tokio_postgres::Row, StoreError> {
+        self.query(op, sql, params)
+            .await?
+            .into_iter()
+            .next()
+            .ok_or_else(|| StoreError::Backend(format!("{op}: the query returned no row")))
+    }
+
+    async fn write(&self, write: Write) -> Result<Outcome, StoreError> {
+        self.writer.submit(write).await
+    }
+}
+
+impl Drop for PostgresStore {
+    fn drop(&mut self) {
+        // The listeners' tasks would otherwise keep their connections (and call into a
+        // feed) forever.
+        let listeners = match self.listeners.get_mut() {
+            Ok(listeners) => listeners,
+            Err(poisoned) => poisoned.into_inner(),
+        };
+        listeners.clear();
+    }
+}
+
+fn unexpected(op: &str) -> StoreError {
+    StoreError::Backend(format!("internal error: {op} got another write's result"))
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    async fn create_request(&self, transition: &SealedTransition) -> Result<Created, StoreError> {
+        let row = TransitionRow::of(transition)?;
+        match self.write(Write::CreateRequest(row)).await? {
+            Outcome::Created(Inserted::New) => Ok(Created::New(transition.request.clone())),
+            Outcome::Created(Inserted::Existing(existing)) => Ok(Created::Existing(*existing)),
+            _ => Err(unexpected("create_request")),
+        }
+    }
+
+    async fn get_request(&self, id: &str) -> Result<Option<ApprovalRequest>, StoreError> {
+        let rows = self.query("read a request", requests::GET, &[&id]).await?;
+        Ok(requests::decode_bodies(&rows)?.into_iter().next())
+    }
+
+    async fn apply(&self, transition: &SealedTransition) -> Result<(), StoreError> {
+        let row = TransitionRow::of(transition)?;
+        match self.write(Write::Apply(row)).await? {
+            Outcome::Applied => Ok(()),
+            _ => Err(unexpected("apply")),
+        }
+    }
+
+    async fn append_event(&self, event: &SealedEvent) -> Result<u64, StoreError> {
+        match self.write(Write::AppendEvent(EventRow::of(event)?)).await? {
+            Outcome::Appended(seq) => Ok(seq),
+            _ => Err(unexpected("append_event")),
+        }
+    }
+
+    async fn list_requests(
+        &self,
+        query: &RequestQuery,
+    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        let (sql, params) = requests::list_query(query);
+        let params: Vec<&(dyn ToSql + Sync)> =
+            params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
+        let rows = self.query("list requests", &sql, &params).await?;
+        requests::decode_bodies(&rows)
+    }
+
+    async fn due_for_expiry(
+        &self,
+        now: Timestamp,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+        let (now, limit) = requests::due_params(now, limit);
+        let rows = self
+            .query(
+                "find requests due for expiry",
+                requests::DUE_FOR_EXPIRY,
+                &[&now, &limit],
+            )
+            .await?;
+        requests::decode_bodies(&rows)
+    }
+
+    async fn next_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+        let row = self
+            .query_one("find the next expiry", requests::NEXT_EXPIRY, &[])
+            .await?;
+        requests::decode_next_expiry(&row)
+    }
+
+    async fn create_token(
+        &self,
+        token: &TokenRecord,
+        event: &SealedEvent,
+    ) -> Result<(), StoreError> {
+        let new = NewToken::of(token, EventRow::of(event)?);
+        match self.write(Write::CreateToken(new)).await? {
+            Outcome::TokenCreated => Ok(()),
+            _ => Err(unexpected("create_token")),
+        }
+    }
+
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError> {
+        let rows = self
+            .query("read a token", &tokens::by_hash_sql(), &[&hash])
+            .await?;
+        Ok(tokens::decode_tokens(&rows)?.into_iter().next())
+    }
+
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+        let rows = self.query("list tokens", &tokens::list_sql(), &[]).await?;
+        tokens::decode_tokens(&rows)
+    }
+
+    async fn revoke_token(
+        &self,
+        id: &str,
+        at: Timestamp,
+        event: &SealedEvent,
+    ) -> Result<TokenRecord, StoreError> {
+        let revocation = Revocation::new(id, at, EventRow::of(event)?);
+        match self.write(Write::RevokeToken(revocation)).await? {
+            Outcome::Revoked(token) => Ok(token),
+            _ => Err(unexpected("revoke_token")),
+        }
+    }
+
+    async fn events_after(&self, after: u64, limit: usize) -> Result<Vec<StoredEvent>, StoreError> {
+        let (after, limit) = events::after_params(after, limit);
+        let rows = self
+            .query("read events", events::AFTER, &[&after, &limit])
+            .await?;
+        events::decode_events(&rows)
+    }
+
+    async fn events_of_subject(&self, subject: &str) -> Result<Vec<StoredEvent>, StoreError> {
+        let rows = self
+            .query("read a subject's events", events::OF_SUBJECT, &[&subject])
+            .await?;
+        events::decode_events(&rows)
+    }
+
+    async fn payloads(&self, seqs: &[u64]) -> Result<BTreeMap<u64, PayloadOpening>, StoreError> {
+        let wanted = events::payload_seqs(seqs);
+        if wanted.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let rows = self
+            .query("read payloads", events::PAYLOADS, &[&wanted])
+            .await?;
+        events::decode_payloads(&rows)
+    }
+
+    async fn last_event_seq(&self) -> Result<u64, StoreError> {
+        let row = self
+            .query_one("read the last event number", events::LAST_SEQ, &[])
+            .await?;
+        events::decode_last_seq(&row)
+    }
+
+    async fn log_origin(&self, origin: &str) -> Result<String, StoreError> {
+        let op = "read the log origin";
+        // Read first: once set, the origin never changes.
+        let rows = self.query(op, log::META, &[&"origin"]).await?;
+        if let Some(existing) = log::decode_meta(&rows)? {
+            return Ok(existing);
+        }
+        // The first proposal to commit wins; a racing insert waits for it and then
+        // does nothing, and the read that follows sees the winner.
+        self.query("set the log origin", log::PROPOSE_ORIGIN, &[&origin])
+            .await?;
+        let rows = self.query(op, log::META, &[&"origin"]).await?;
+        log::decode_meta(&rows)?
+            .ok_or_else(|| StoreError::Backend(format!("{op}: it is missing after being set")))
+    }
+
+    async fn integrated_size(&self) -> Result<u64, StoreError> {
+        let rows = self
+            .query(
+                "read the integrated log size",
+                log::META,
+                &[&"integrated_size"],
+            )
+            .await?;
+        log::decode_size(log::decode_meta(&rows)?)
+    }
+
+    async fn integrate(
+        &self,
+        from: u64,
+        to: u64,
+        nodes: &[(NodeId, Hash)],
+    ) -> Result<bool, StoreError> {
+        let mut client = self.client("integrate log entries").await?;
+        log::integrate(&mut client, from, to, nodes).await
+    }
+
+    async fn log_nodes(&self, ids: &[NodeId]) -> Result<BTreeMap<NodeId, Hash>, StoreError> {
+        if ids.is_empty() {
+            return Ok(BTreeMap::new());
+        }
+        let (wanted, levels, indexes) = log::node_params(ids);
+        let rows = self
+            .query("read Merkle nodes", log::NODES, &[&levels, &indexes])
+            .await?;
+        log::decode_nodes(&wanted, &rows)
+    }
+
+    async fn add_checkpoint(&self, checkpoint: &StoredCheckpoint) -> Result<(), StoreError> {
+        let size = to_sql_int(checkpoint.size);
+        let at = checkpoint.created_at.millis();
+        self.query(
+            "store a checkpoint",
+            log::ADD_CHECKPOINT,
+            &[&size, &checkpoint.note, &at],
+        )
+        .await?;
+        Ok(())
+    }
+
+    async fn checkpoint(&self, size: Option<u64>) -> Result<Option<StoredCheckpoint>, StoreError> {
+        let op = "read a checkpoint";
+        let rows = match size {
+            Some(size) => {
+                self.query(op, log::CHECKPOINT_OF_SIZE, &[&to_sql_int(size)])
+                    .await?
+            }
+            None => self.query(op, log::LATEST_CHECKPOINT, &[]).await?,
+        };
+        Ok(log::decode_checkpoints(&rows)?.into_iter().next())
+    }
+
+    async fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, StoreError> {
+        let rows = self
+            .query("read checkpoints", log::CHECKPOINTS, &[])
+            .await?;
+        log::decode_checkpoints(&rows)
+    }
+
+    /// Says what is wrong, in words: the server unreachable, the credentials or the
+    /// database refused, a read-only server, a missing or newer schema, or the log head
+    /// locked by another instance for longer than the lock timeout.
+    async fn check(&self) -> Result<(), StoreError> {
+        let target = &self.target.name;
+        let client = self.pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Backend(err) => {
+                connect_err("check the database", target, &err)
+            }
+            other => pool_err("check the database", target, other),
+        })?;
+        drop(client);
+        let info = self.server_info().await?;
+        if info.in_recovery {
+            return Err(StoreError::Unavailable(format!(
+                "PostgreSQL at {target} is a read-only standby (in recovery); point \
+                 countersign at the primary"
+            )));
+        }
+        if info.read_only {
+            return Err(StoreError::Unavailable(format!(
+                "PostgreSQL at {target} only allows reads (default_transaction_read_only \
+                 is on for this user or database)"
+            )));
+        }
+        if info.schema_version == 0 {
+            return Err(StoreError::Backend(format!(
+                "PostgreSQL at {target} has no countersign tables in schema {:?}; run \
+                 `countersign migrate`",
+                info.schema
+            )));
+        }
+        if info.schema_version > SCHEMA_VERSION {
+            return Err(schema::newer(target, info.schema_version));
+        }
+        // Through the writer: its connection works, and it can take the log head lock
+        // (so no other instance holds it for longer than the lock timeout) and commit.
+        match self.write(Write::Check).await {
+            Ok(Outcome::Checked) => Ok(()),
+            Ok(_) => Err(unexpected("check")),
+            Err(err) => Err(StoreError::Unavailable(format!(
+                "PostgreSQL at {target} cannot be written: {err}"
+            ))),
+        }
+    }
+
+    async fn listen(&self, on_change: ChangeCallback) -> Result<(), StoreError> {
+        let (ready, first) = oneshot::channel();
+        let task = tokio::spawn(listener::run(self.target.clone(), on_change, ready));
+        let handle = AbortOnDrop(task);
+        match self.listeners.lock() {
+            Ok(mut listeners) => listeners.push(handle),
+            Err(poisoned) => poisoned.into_inner().push(handle),
+        }
+        // Wait until the first LISTEN is in place, so that a change committed after
+        // this returns is pushed. If it failed, the task keeps retrying and the feed's
+        // poll covers the gap.
+        match first.await {
+            Ok(Ok(())) => {}
+            Ok(Err(reason)) => tracing::warn!(
+                target = %self.target.name,
+                %reason,
+                "could not listen for changes yet; retrying in the background"
+            ),
+            Err(_) => tracing::warn!("the change listener stopped before it started"),
+        }
+        Ok(())
+    }
+}
