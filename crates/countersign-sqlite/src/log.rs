@@ -57,16 +57,32 @@ pub(crate) fn integrate(
     if integrated_size(conn)? != from {
         return Ok(false);
     }
+    let last = crate::events::last_seq(conn)?;
+    if to < from || to > last {
+        return Err(StoreError::Backend(format!(
+            "integrate: cannot move the tree from {from} to {to} entries with {last} stored"
+        )));
+    }
     let mut stmt = conn
-        .prepare_cached("INSERT OR REPLACE INTO log_nodes (level, idx, hash) VALUES (?1, ?2, ?3)")
+        .prepare_cached("INSERT INTO log_nodes (level, idx, hash) VALUES (?1, ?2, ?3)")
         .map_err(db_err("store Merkle nodes"))?;
     for (id, hash) in nodes {
+        // Nodes are written once: a clash means the tree would be rewritten.
         stmt.execute(params![
             i64::from(id.level),
             to_sql_int(id.index),
             hash.as_slice()
         ])
-        .map_err(db_err("store Merkle nodes"))?;
+        .map_err(|e| {
+            if crate::error::is_unique_violation(&e) {
+                StoreError::Corrupt(format!(
+                    "Merkle node {}/{} already exists: refusing to rewrite the tree",
+                    id.level, id.index
+                ))
+            } else {
+                db_err("store Merkle nodes")(e)
+            }
+        })?;
     }
     set_meta(conn, "integrated_size", &to.to_string())?;
     Ok(true)

@@ -1082,10 +1082,31 @@ pub async fn integration_stores_the_tree(store: Arc<dyn Store>) {
     let twice = read_nodes(&*store, &[NodeId::new(3, 0), NodeId::new(3, 0)]).await;
     assert_eq!(twice.len(), 1);
 
+    // A size beyond the stored events is refused, and so is rewriting a node that
+    // exists: the tree is append-only.
+    assert!(
+        store.integrate(n, n + 5, &[]).await.is_err(),
+        "beyond the events"
+    );
+    fill_log(&*store, "one-more", 1).await;
+    let clash = [
+        (NodeId::new(0, 0), [0xaa; 32]),
+        (NodeId::new(0, n), [0xbb; 32]),
+    ];
+    let err = store.integrate(n, n + 1, &clash).await.unwrap_err();
+    assert!(matches!(err, StoreError::Corrupt(_)), "{err}");
+    assert_eq!(store.integrated_size().await.unwrap(), n, "nothing moved");
+    assert_tree(&*store, n, &root).await;
+    let err = store.log_nodes(&[NodeId::new(0, n)]).await.unwrap_err();
+    assert!(
+        matches!(err, StoreError::NotFound { .. }),
+        "the refused batch wrote nothing: {err}"
+    );
+
     // More entries integrate from where the last integration ended; an integrator that
     // still believes the old size loses.
     let m = 21;
-    fill_log(&*store, "more", (m - n) as usize).await;
+    fill_log(&*store, "more", (m - n - 1) as usize).await;
     let first_range = range.clone();
     let more = grow(&mut range, &leaves(&*store, n, m).await);
     let second_root = range.root();
