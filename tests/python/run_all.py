@@ -12,7 +12,11 @@ create`), starts `countersign serve --listen 127.0.0.1:0`, and runs:
 - the official MCP client over stdio (`countersign mcp` on the same data directory) and
   over Streamable HTTP, each with the newest protocol (mode="auto": server/discover,
   2026-07-28) and with the initialize handshake (mode="legacy", 2025-11-25), side by side;
-- the official client without a token.
+- the official client without a token;
+- verify_log: an independent verifier of the transparency log and evidence bundles,
+  written from docs/log-format.md (Merkle self-check against RFC 9162 vectors; every entry,
+  inclusion and consistency proof and checkpoint of the live log; bundles, full mode and a
+  key rotation on a server of its own; tampered proofs, checkpoints and bundles refused).
 
 Exit status: 0 when every test passed, 1 when one failed, 2 when the suite could not run.
 The last line is "python: N passed, N failed".
@@ -30,8 +34,14 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mcp_clients  # noqa: E402
+import verify_log  # noqa: E402
 import verify_proof  # noqa: E402
 from harness import Context, Results, Server, create_token  # noqa: E402
+
+
+def log_and_bundles(ctx: Context, results: Results) -> None:
+    verify_log.test_live_log(ctx, results)
+    verify_log.test_evidence_bundles(ctx, results)
 
 
 def main() -> int:
@@ -48,6 +58,7 @@ def main() -> int:
     results = Results()
     print("--- verify_proof self-check (known answers)", flush=True)
     results.run("verify_proof known answers", lambda: print(f"    {verify_proof.self_check()} vectors"))
+    results.run("verify_log self-check (RFC 9162)", lambda: print(f"    {verify_log.self_check()} proofs"))
 
     scratch = Path(tempfile.mkdtemp(prefix="countersign-pytest-"))
     data_dir = scratch / "data"
@@ -82,8 +93,11 @@ def main() -> int:
                 ("official MCP client over stdio (legacy)", lambda: mcp_clients.test_mcp_stdio(ctx, results, "legacy")),
                 ("official MCP client over Streamable HTTP (auto)", lambda: mcp_clients.test_mcp_http(ctx, results, "auto")),
                 ("official MCP client over Streamable HTTP (legacy)", lambda: mcp_clients.test_mcp_http(ctx, results, "legacy")),
+                ("transparency log and evidence bundles (independent verifier)", lambda: log_and_bundles(ctx, results)),
+                ("full-mode bundle, review and key rotation (independent verifier)", lambda: verify_log.test_full_mode_bundle(binary, scratch, results)),
             ]
         )
+        results.run("the whole log after every test (independent verifier)", lambda: verify_log.test_whole_log_at_the_end(ctx, results))
         if server.proc and server.proc.poll() is not None:
             results.failed.append(("server stayed up", f"countersign serve exited with {server.proc.returncode}"))
     finally:
