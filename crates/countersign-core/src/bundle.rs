@@ -248,7 +248,10 @@ fn read_archive(zip_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
             .by_index(i)
             .map_err(|e| format!("archive entry {i} is unreadable: {e}"))?;
         if file.is_dir() {
-            continue;
+            return Err(format!(
+                "the archive has a directory entry ({}); bundles have none",
+                file.name().map(|n| n.to_string()).unwrap_or_default()
+            ));
         }
         let name = file
             .name()
@@ -341,11 +344,9 @@ fn check(zip_bytes: &[u8], pinned: Option<&Jwks>, report: &mut BundleReport) -> 
     }
 
     // 2. Keys and the checkpoint.
-    let bundled_jwks: Option<Jwks> = files
-        .get("jwks.json")
-        .and_then(|b| serde_json::from_slice(b).ok());
+    let bundled_jwks: Option<Jwks> = files.get("jwks.json").and_then(|b| parse_exact(b));
     match &bundled_jwks {
-        None => reasons.push("jwks.json is missing or not a JWKS".into()),
+        None => reasons.push("jwks.json is missing or not exactly a JWKS".into()),
         Some(jwks) => {
             for key in &jwks.keys {
                 if let Err(problem) = check_published_key(key) {
@@ -381,12 +382,13 @@ fn check(zip_bytes: &[u8], pinned: Option<&Jwks>, report: &mut BundleReport) -> 
     let mut entries: Vec<(u64, LogEntry)> = Vec::new();
     for index in &manifest.entries {
         let Some(bytes) = files.get(&format!("entries/{index}.json")) else {
+            reasons.push(format!("entries/{index}.json is listed but missing"));
             continue;
         };
         let leaf = merkle::leaf_hash(bytes);
         match files
             .get(&format!("proofs/{index}.json"))
-            .and_then(|b| serde_json::from_slice::<InclusionProof>(b).ok())
+            .and_then(|b| parse_exact::<InclusionProof>(b))
         {
             None => reasons.push(format!("proofs/{index}.json is missing or malformed")),
             Some(proof) => match proof.decode() {
@@ -447,12 +449,12 @@ fn check(zip_bytes: &[u8], pinned: Option<&Jwks>, report: &mut BundleReport) -> 
         let path = format!("payloads/{index}.json");
         match (manifest.mode, &entry.payload, files.get(&path)) {
             (Mode::Full, Some(commitment), Some(bytes)) => {
-                match serde_json::from_slice::<PayloadOpening>(bytes) {
-                    Ok(opening) if opening.commitment().as_ref() == Some(commitment) => {}
-                    Ok(_) => {
+                match parse_exact::<PayloadOpening>(bytes) {
+                    Some(opening) if opening.commitment().as_ref() == Some(commitment) => {}
+                    Some(_) => {
                         reasons.push(format!("{path} does not open entry {index}'s commitment"))
                     }
-                    Err(e) => reasons.push(format!("{path} is malformed: {e}")),
+                    None => reasons.push(format!("{path} is not exactly a payload opening")),
                 }
             }
             (Mode::Full, Some(_), None) => reasons.push(format!("{path} is missing (mode full)")),
@@ -477,8 +479,8 @@ fn check(zip_bytes: &[u8], pinned: Option<&Jwks>, report: &mut BundleReport) -> 
         report.decisions += 1;
         let path = format!("decisions/{n}.json");
         n += 1;
-        let Ok(envelope) = serde_json::from_slice::<Envelope>(bytes) else {
-            reasons.push(format!("{path} is not a DSSE envelope"));
+        let Some(envelope) = parse_exact::<Envelope>(bytes) else {
+            reasons.push(format!("{path} is not exactly a DSSE envelope"));
             continue;
         };
         let verdict = proof::verify(&envelope, &jwks, &VerifyOptions::default());
@@ -537,6 +539,14 @@ fn check_published_key(key: &crate::keys::Jwk) -> Result<(), String> {
         return Err(format!("key {} is not an EdDSA signing key", key.kid));
     }
     Ok(())
+}
+
+/// Parses a bundle file as `T` only if `T` written back canonically is exactly the
+/// file: an unknown or renamed member, a default filled in, or any other spelling that
+/// parses to the same value is refused.
+fn parse_exact<T: serde::de::DeserializeOwned + Serialize>(bytes: &[u8]) -> Option<T> {
+    let value: T = serde_json::from_slice(bytes).ok()?;
+    (canonical(&value).ok()?.as_slice() == bytes).then_some(value)
 }
 
 fn first_reason(problems: &[proof::Problem]) -> String {

@@ -111,7 +111,9 @@ impl PayloadOpening {
     /// The commitment this opening opens, or `None` if the salt is not 32 hex bytes.
     pub fn commitment(&self) -> Option<String> {
         let salt = hex::decode(&self.salt).ok()?;
-        if salt.len() != 32 {
+        // Only the canonical spelling (64 lowercase hex digits) opens a commitment, so
+        // no byte of an opening can change without changing its meaning.
+        if salt.len() != 32 || hex::encode(&salt) != self.salt {
             return None;
         }
         Some(commitment(&salt, &self.payload))
