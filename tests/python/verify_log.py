@@ -1311,12 +1311,7 @@ def test_evidence_bundles(ctx: Context, results: Results) -> None:
 # Contract violations found by this verifier in countersign's own bundle verifier, known
 # and reported but not yet fixed: a failing check listed here is an XFAIL, not a failure.
 # COUNTERSIGN_TEST_STRICT=1 makes them strict.
-KNOWN_BUGS: dict[str, str] = {
-    "bundle-listed-entry-missing": (
-        "countersign_core::bundle::verify skips an index of manifest.entries whose entries/<i>.json "
-        "is absent instead of reporting it, so a bundle missing a listed entry and its proof is valid"
-    ),
-}
+KNOWN_BUGS: dict[str, str] = {}
 
 
 def expect_bug(bug: str, condition: bool, message: str, results: Results) -> None:

@@ -10,7 +10,7 @@ use http::StatusCode;
 pub enum GateError {
     #[error(transparent)]
     Core(#[from] CoreError),
-    #[error("request {0} not found")]
+    #[error("{0} not found")]
     NotFound(String),
     #[error("{0}")]
     Forbidden(String),
@@ -28,7 +28,7 @@ impl From<StoreError> for GateError {
             StoreError::NotFound {
                 what: "request",
                 id,
-            } => GateError::NotFound(id),
+            } => GateError::NotFound(format!("request {id}")),
             other => GateError::Store(other),
         }
     }

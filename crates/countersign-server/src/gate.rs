@@ -180,7 +180,7 @@ impl Gate {
     pub async fn get(&self, who: &Principal, id: &str) -> Result<ApprovalRequest, GateError> {
         let request = self.load(id).await?;
         if who.role == Role::Agent && request.requested_by.id != who.id {
-            return Err(GateError::NotFound(id.to_string()));
+            return Err(GateError::NotFound(format!("request {id}")));
         }
         self.settle_expiry(request).await
     }
@@ -189,7 +189,7 @@ impl Gate {
         self.store
             .get_request(id)
             .await?
-            .ok_or_else(|| GateError::NotFound(id.to_string()))
+            .ok_or_else(|| GateError::NotFound(format!("request {id}")))
     }
 
     /// Records the timeout of a pending request whose expiry has passed.

@@ -147,15 +147,25 @@ impl TransparencyLog {
             tokio::select! {
                 _ = shutdown.cancelled() => return,
                 received = events.recv() => {
-                    if let Ok(event) = &received
-                        && event.entry.kind == EventKind::KeyRotated
-                        && let Err(err) = self.keys.reload()
-                    {
-                        tracing::warn!(%err, "could not reload the rotated keys");
-                    }
+                    // Look at every event, including those that arrive while settling: a
+                    // key rotation among them means signing with the new key from now on.
+                    let mut rotated = match &received {
+                        Ok(event) => event.entry.kind == EventKind::KeyRotated,
+                        // Fell behind: a rotation may be among the missed events.
+                        Err(_) => true,
+                    };
                     // Let a burst of appends land, then integrate them together.
                     tokio::time::sleep(SETTLE).await;
-                    while events.try_recv().is_ok() {}
+                    loop {
+                        match events.try_recv() {
+                            Ok(event) => rotated |= event.entry.kind == EventKind::KeyRotated,
+                            Err(tokio::sync::broadcast::error::TryRecvError::Lagged(_)) => rotated = true,
+                            Err(_) => break,
+                        }
+                    }
+                    if rotated && let Err(err) = self.keys.reload() {
+                        tracing::warn!(%err, "could not reload the rotated keys");
+                    }
                 }
                 _ = tokio::time::sleep(Duration::from_secs(5)) => {}
             }

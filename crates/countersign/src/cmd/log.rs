@@ -126,6 +126,8 @@ pub async fn run(config: &Config, command: LogCommand) -> anyhow::Result<ExitCod
         LogCommand::Verify => verify_log(config).await,
         LogCommand::Checkpoint => {
             let gate = runtime::open(config).await?;
+            // Sign one for everything stored so far, not just print the last one signed.
+            gate.log().integrate().await?;
             let checkpoint = gate.log().checkpoint(None).await?;
             print!("{}", checkpoint.note);
             Ok(ExitCode::SUCCESS)
