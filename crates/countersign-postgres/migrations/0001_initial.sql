@@ -71,7 +71,8 @@ CREATE TABLE payloads (
 
 -- Log settings: `origin` (the checkpoint origin line, fixed at first start) and
 -- `integrated_size` (how many entries have their Merkle nodes below). The size row
--- exists from the start so that integrators can compare-and-swap it.
+-- exists from the start so that integrators can compare-and-swap it. Other settings
+-- that are written once (meta_set_once) live here too.
 CREATE TABLE log_meta (
     key   text PRIMARY KEY,
     value text NOT NULL
@@ -105,3 +106,22 @@ CREATE TABLE tokens (
 );
 
 CREATE INDEX tokens_created ON tokens (created_at, id);
+
+-- Small documents by kind and id: accounts, sessions, invitations, settings, rooms.
+-- `version` is the compare-and-swap token; `key` is unique within a kind when set (a
+-- username, a token hash). Kinds, ids and keys compare bytewise (COLLATE "C"), as in
+-- SQLite: listings come in the same order on both backends whatever the database's
+-- collation, and an id prefix is a range of the primary key. `body` is json rather
+-- than jsonb: the text as written, so every JSON value reads back as it was (jsonb
+-- refuses strings containing \u0000), and it can still be queried with ->, ->> etc.
+CREATE TABLE documents (
+    kind       text COLLATE "C" NOT NULL,
+    id         text COLLATE "C" NOT NULL,
+    version    bigint NOT NULL CHECK (version >= 0),
+    key        text COLLATE "C",
+    body       json NOT NULL,
+    updated_at bigint NOT NULL,
+    PRIMARY KEY (kind, id)
+);
+
+CREATE UNIQUE INDEX documents_key ON documents (kind, key) WHERE key IS NOT NULL;

@@ -11,7 +11,9 @@
 //!   on one instance wakes when another instance records the decision (`listener.rs`).
 //! - Migrations run on connect under an advisory lock, so instances may start together
 //!   (`schema.rs`).
-//! - Reads and log integration use a pool of connections (deadpool-postgres).
+//! - Reads and log integration use a pool of connections (deadpool-postgres), and so do
+//!   the writes that append no event: document writes without one, settings, imports
+//!   (`docs.rs`). A document write with an event goes through the writer.
 //!
 //! # The database URL
 //!
@@ -31,6 +33,7 @@
 
 mod config;
 mod connection;
+mod docs;
 mod error;
 mod events;
 mod listener;
@@ -49,7 +52,7 @@ use countersign_core::{
     ApprovalRequest, PayloadOpening, SealedEvent, SealedTransition, Timestamp, TokenRecord,
 };
 use countersign_store::{
-    ChangeCallback, Created, RequestQuery, Store, StoreError, StoredCheckpoint, StoredEvent,
+    ChangeCallback, Created, Doc, RequestQuery, Store, StoreError, StoredCheckpoint, StoredEvent,
 };
 use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
 use tokio::sync::oneshot;
@@ -58,10 +61,11 @@ use tokio_postgres::types::ToSql;
 
 use crate::config::Target;
 use crate::connection::AbortOnDrop;
+use crate::docs::{DocOp, DocWrite};
 use crate::error::{column_err, connect_err, db_err, pool_err, to_sql_int};
 use crate::events::EventRow;
-use crate::requests::{Inserted, TransitionRow};
-use crate::tokens::{NewToken, Revocation};
+use crate::requests::{Inserted, RequestRow, TransitionRow};
+use crate::tokens::{NewToken, Revocation, TokenRow};
 use crate::writer::{Outcome, Write, Writer};
 
 pub use crate::config::Options;
@@ -225,8 +229,74 @@ impl PostgresStore {
             .ok_or_else(|| StoreError::Backend(format!("{op}: the query returned no row")))
     }
 
+    /// Runs one prepared (and per-connection cached) statement on a pooled connection;
+    /// how many rows it changed.
+    async fn execute(
+        &self,
+        op: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, StoreError> {
+        let client = self.client(op).await?;
+        let statement = client.prepare_cached(sql).await.map_err(db_err(op))?;
+        client.execute(&statement, params).await.map_err(db_err(op))
+    }
+
+    /// Inserts a row with `sql` (an `INSERT ... ON CONFLICT DO NOTHING`);
+    /// [`StoreError::Duplicate`] naming `what` if it inserted nothing.
+    async fn insert_new(
+        &self,
+        op: &'static str,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+        what: impl FnOnce() -> String,
+    ) -> Result<(), StoreError> {
+        match self.execute(op, sql, params).await? {
+            0 => Err(StoreError::Duplicate(what())),
+            _ => Ok(()),
+        }
+    }
+
     async fn write(&self, write: Write) -> Result<Outcome, StoreError> {
         self.writer.submit(write).await
+    }
+
+    /// A document write: through the writer with its event, otherwise on its own.
+    async fn write_doc(&self, write: DocWrite) -> Result<(), StoreError> {
+        if write.has_event() {
+            return match self.write(Write::Doc(write)).await? {
+                Outcome::DocWritten => Ok(()),
+                _ => Err(unexpected("a document write")),
+            };
+        }
+        let op = write.what();
+        let client = self.client(op).await?;
+        let statement = client
+            .prepare_cached(&write.sql())
+            .await
+            .map_err(db_err(op))?;
+        let rows = client
+            .query(&statement, &write.params())
+            .await
+            .map_err(|e| write.error(&e))?;
+        write.result(&rows)
+    }
+
+    /// The setting `key`, set to `value` first if it has none. The first proposal to
+    /// commit wins: a racing insert waits for it and then does nothing, and the read
+    /// that follows (a statement of its own, so with a newer snapshot) sees the winner.
+    async fn set_once(&self, key: &str, value: &str) -> Result<String, StoreError> {
+        let op = "read a log setting";
+        // Read first: once set, the value never changes.
+        let rows = self.query(op, log::META, &[&key]).await?;
+        if let Some(existing) = log::decode_meta(&rows)? {
+            return Ok(existing);
+        }
+        self.execute("write a log setting", log::PROPOSE_META, &[&key, &value])
+            .await?;
+        let rows = self.query(op, log::META, &[&key]).await?;
+        log::decode_meta(&rows)?
+            .ok_or_else(|| StoreError::Backend(format!("{op}: {key} is missing after being set")))
     }
 }
 
@@ -382,19 +452,7 @@ impl Store for PostgresStore {
     }
 
     async fn log_origin(&self, origin: &str) -> Result<String, StoreError> {
-        let op = "read the log origin";
-        // Read first: once set, the origin never changes.
-        let rows = self.query(op, log::META, &[&"origin"]).await?;
-        if let Some(existing) = log::decode_meta(&rows)? {
-            return Ok(existing);
-        }
-        // The first proposal to commit wins; a racing insert waits for it and then
-        // does nothing, and the read that follows sees the winner.
-        self.query("set the log origin", log::PROPOSE_ORIGIN, &[&origin])
-            .await?;
-        let rows = self.query(op, log::META, &[&"origin"]).await?;
-        log::decode_meta(&rows)?
-            .ok_or_else(|| StoreError::Backend(format!("{op}: it is missing after being set")))
+        self.set_once("origin", origin).await
     }
 
     async fn integrated_size(&self) -> Result<u64, StoreError> {
@@ -458,6 +516,109 @@ impl Store for PostgresStore {
             .query("read checkpoints", log::CHECKPOINTS, &[])
             .await?;
         log::decode_checkpoints(&rows)
+    }
+
+    async fn doc_get(&self, kind: &str, id: &str) -> Result<Option<Doc>, StoreError> {
+        let rows = self
+            .query("read a document", &docs::get_sql(), &[&kind, &id])
+            .await?;
+        Ok(docs::decode_docs(&rows)?.into_iter().next())
+    }
+
+    async fn doc_by_key(&self, kind: &str, key: &str) -> Result<Option<Doc>, StoreError> {
+        let rows = self
+            .query("look up a document", &docs::by_key_sql(), &[&kind, &key])
+            .await?;
+        Ok(docs::decode_docs(&rows)?.into_iter().next())
+    }
+
+    async fn doc_list(
+        &self,
+        kind: &str,
+        id_prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<Doc>, StoreError> {
+        let op = "list documents";
+        let limit = to_sql_int(limit);
+        let rows = match docs::prefix_end(id_prefix) {
+            Some(end) => {
+                self.query(
+                    op,
+                    &docs::list_range_sql(),
+                    &[&kind, &id_prefix, &end, &limit],
+                )
+                .await?
+            }
+            None => {
+                self.query(op, &docs::list_open_sql(), &[&kind, &id_prefix, &limit])
+                    .await?
+            }
+        };
+        docs::decode_docs(&rows)
+    }
+
+    async fn doc_insert(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<(), StoreError> {
+        self.write_doc(DocWrite::new(DocOp::Insert, doc, event)?)
+            .await
+    }
+
+    async fn doc_update(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<(), StoreError> {
+        self.write_doc(DocWrite::new(DocOp::Update, doc, event)?)
+            .await
+    }
+
+    async fn doc_delete(&self, kind: &str, id: &str) -> Result<bool, StoreError> {
+        let deleted = self
+            .execute("delete a document", docs::DELETE, &[&kind, &id])
+            .await?;
+        Ok(deleted > 0)
+    }
+
+    async fn doc_delete_prefix(&self, kind: &str, id_prefix: &str) -> Result<u64, StoreError> {
+        let op = "delete documents";
+        if id_prefix.is_empty() {
+            return Ok(0);
+        }
+        match docs::prefix_end(id_prefix) {
+            Some(end) => {
+                self.execute(op, docs::DELETE_RANGE, &[&kind, &id_prefix, &end])
+                    .await
+            }
+            None => {
+                self.execute(op, docs::DELETE_OPEN, &[&kind, &id_prefix])
+                    .await
+            }
+        }
+    }
+
+    async fn meta_set_once(&self, key: &str, value: &str) -> Result<String, StoreError> {
+        self.set_once(key, value).await
+    }
+
+    async fn meta_list(&self, prefix: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let rows = self
+            .query("read settings", docs::META_PREFIX, &[&prefix])
+            .await?;
+        docs::decode_meta_list(&rows)
+    }
+
+    async fn import_request(&self, request: &ApprovalRequest) -> Result<(), StoreError> {
+        let row = RequestRow::of(request)?;
+        self.insert_new("import a request", requests::IMPORT, &row.params(), || {
+            format!("request {}", row.id())
+        })
+        .await
+    }
+
+    async fn import_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
+        let row = TokenRow::of(token);
+        self.insert_new(
+            "import a token",
+            &tokens::import_sql(),
+            &row.params(),
+            || format!("token {} (or its hash)", row.id()),
+        )
+        .await
     }
 
     /// Says what is wrong, in words: the server unreachable, the credentials or the

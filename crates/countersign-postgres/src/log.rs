@@ -19,8 +19,9 @@ use crate::error::{
 };
 
 pub(crate) const META: &str = "SELECT value FROM log_meta WHERE key = $1";
-pub(crate) const PROPOSE_ORIGIN: &str =
-    "INSERT INTO log_meta (key, value) VALUES ('origin', $1) ON CONFLICT (key) DO NOTHING";
+/// Sets a setting unless it has a value already.
+pub(crate) const PROPOSE_META: &str =
+    "INSERT INTO log_meta (key, value) VALUES ($1, $2) ON CONFLICT (key) DO NOTHING";
 
 pub(crate) fn decode_meta(rows: &[Row]) -> Result<Option<String>, StoreError> {
     rows.first()

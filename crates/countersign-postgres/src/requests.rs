@@ -10,9 +10,8 @@ use crate::error::{column_err, corrupt, encode_err, timestamp, to_sql_int};
 use crate::events::{EventRow, append_ctes, written_seq};
 use crate::writer::{Decoded, Outcome};
 
-/// A transition ready to write, encoded on the caller's task rather than the writer's.
-/// Its event is `$1`..`$6`, the request `$7`..`$14`.
-pub(crate) struct TransitionRow {
+/// A request's columns, encoded on the caller's task rather than the writer's.
+pub(crate) struct RequestRow {
     id: String,
     version: i64,
     status: &'static str,
@@ -21,12 +20,10 @@ pub(crate) struct TransitionRow {
     requested_at: i64,
     expires_at: i64,
     body: String,
-    pub(crate) event: EventRow,
 }
 
-impl TransitionRow {
-    pub(crate) fn of(transition: &SealedTransition) -> Result<Self, StoreError> {
-        let request = &transition.request;
+impl RequestRow {
+    pub(crate) fn of(request: &ApprovalRequest) -> Result<Self, StoreError> {
         Ok(Self {
             id: request.id.clone(),
             version: i64::try_from(request.version).map_err(|_| {
@@ -42,7 +39,6 @@ impl TransitionRow {
             expires_at: request.expires_at.millis(),
             body: serde_json::to_string(request)
                 .map_err(|e| encode_err(&format!("request {}", request.id), e))?,
-            event: EventRow::of(&transition.event)?,
         })
     }
 
@@ -50,9 +46,9 @@ impl TransitionRow {
         &self.id
     }
 
-    pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
-        let mut params: Vec<&(dyn ToSql + Sync)> = self.event.params().to_vec();
-        params.extend_from_slice(&[
+    /// The columns in the order of [`IMPORT`] (and of a transition's `$7`..`$14`).
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 8] {
+        [
             &self.id,
             &self.version,
             &self.status,
@@ -61,7 +57,31 @@ impl TransitionRow {
             &self.requested_at,
             &self.expires_at,
             &self.body,
-        ]);
+        ]
+    }
+}
+
+/// A transition ready to write: its event is `$1`..`$6`, the request `$7`..`$14`.
+pub(crate) struct TransitionRow {
+    request: RequestRow,
+    event: EventRow,
+}
+
+impl TransitionRow {
+    pub(crate) fn of(transition: &SealedTransition) -> Result<Self, StoreError> {
+        Ok(Self {
+            request: RequestRow::of(&transition.request)?,
+            event: EventRow::of(&transition.event)?,
+        })
+    }
+
+    pub(crate) fn id(&self) -> &str {
+        self.request.id()
+    }
+
+    pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        let mut params: Vec<&(dyn ToSql + Sync)> = self.event.params().to_vec();
+        params.extend_from_slice(&self.request.params());
         params
     }
 }
@@ -157,6 +177,13 @@ pub(crate) fn decode_apply(row_id: &str, row: &Row) -> Decoded {
 }
 
 pub(crate) const GET: &str = "SELECT body::text FROM requests WHERE id = $1";
+
+/// Copies a request as it is, with no event, unless its id (or its requester's
+/// idempotency key) is taken: then it changes nothing.
+pub(crate) const IMPORT: &str = "INSERT INTO requests
+         (id, version, status, requested_by, idempotency_key, requested_at, expires_at, body)
+     VALUES ($1, $2, $3, $4, $5, $6, $7, $8::text::jsonb)
+     ON CONFLICT DO NOTHING";
 
 /// The listing's SQL with only the filters asked for, so each shape can use its index,
 /// and its parameters.

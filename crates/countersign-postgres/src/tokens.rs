@@ -11,19 +11,18 @@ use crate::writer::{Decoded, Outcome};
 
 const COLUMNS: &str = "id, hash, name, role, created_at, revoked_at";
 
-/// A new token and its event: the event is `$1`..`$6`, the token `$7`..`$12`.
-pub(crate) struct NewToken {
+/// A token's columns ([`COLUMNS`]).
+pub(crate) struct TokenRow {
     id: String,
     hash: String,
     name: String,
     role: &'static str,
     created_at: i64,
     revoked_at: Option<i64>,
-    event: EventRow,
 }
 
-impl NewToken {
-    pub(crate) fn of(token: &TokenRecord, event: EventRow) -> Self {
+impl TokenRow {
+    pub(crate) fn of(token: &TokenRecord) -> Self {
         Self {
             id: token.id.clone(),
             hash: token.hash.clone(),
@@ -31,20 +30,43 @@ impl NewToken {
             role: token.role.as_str(),
             created_at: token.created_at.millis(),
             revoked_at: token.revoked_at.map(|t| t.millis()),
-            event,
         }
     }
 
-    pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
-        let mut params: Vec<&(dyn ToSql + Sync)> = self.event.params().to_vec();
-        params.extend_from_slice(&[
+    pub(crate) fn id(&self) -> &str {
+        &self.id
+    }
+
+    /// The columns in the order of [`COLUMNS`].
+    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 6] {
+        [
             &self.id,
             &self.hash,
             &self.name,
             &self.role,
             &self.created_at,
             &self.revoked_at,
-        ]);
+        ]
+    }
+}
+
+/// A new token and its event: the event is `$1`..`$6`, the token `$7`..`$12`.
+pub(crate) struct NewToken {
+    token: TokenRow,
+    event: EventRow,
+}
+
+impl NewToken {
+    pub(crate) fn of(token: &TokenRecord, event: EventRow) -> Self {
+        Self {
+            token: TokenRow::of(token),
+            event,
+        }
+    }
+
+    pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+        let mut params: Vec<&(dyn ToSql + Sync)> = self.event.params().to_vec();
+        params.extend_from_slice(&self.token.params());
         params
     }
 
@@ -60,10 +82,10 @@ impl NewToken {
             Err(err) => Decoded::failed(err),
             Ok((Some(seq), _)) => Decoded::wrote(seq, Outcome::TokenCreated),
             Ok((None, clash)) => Decoded::unwritten(Err(StoreError::Duplicate(match clash {
-                Some(existing) if existing != self.id => {
+                Some(existing) if existing != self.token.id => {
                     format!("a token with the same hash ({existing})")
                 }
-                _ => format!("token {}", self.id),
+                _ => format!("token {}", self.token.id),
             }))),
         }
     }
@@ -177,6 +199,12 @@ pub(crate) fn revoke_sql() -> String {
         FROM (SELECT 1) AS one LEFT JOIN current AS c ON true",
         append_ctes("revoked")
     )
+}
+
+/// Copies a token as it is, with no event, unless its id or hash is taken: then it
+/// changes nothing.
+pub(crate) fn import_sql() -> String {
+    format!("INSERT INTO tokens ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING")
 }
 
 pub(crate) fn by_hash_sql() -> String {

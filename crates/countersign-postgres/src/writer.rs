@@ -36,6 +36,7 @@ use tokio_postgres::{Client, Row, SimpleQueryMessage, Statement};
 
 use crate::config::Target;
 use crate::connection::connect;
+use crate::docs::{self, DocOp, DocWrite};
 use crate::error::{Failure, classify, connect_err, map};
 use crate::events::{self, EventRow};
 use crate::listener::CHANNEL;
@@ -56,6 +57,9 @@ pub(crate) enum Write {
     AppendEvent(EventRow),
     CreateToken(NewToken),
     RevokeToken(Revocation),
+    /// A document insert or update and its event (always with one: a document write
+    /// without an event does not need the writer).
+    Doc(DocWrite),
     /// Takes the log head lock and commits, writing nothing: the health check.
     Check,
 }
@@ -67,6 +71,7 @@ pub(crate) enum Outcome {
     Appended(u64),
     TokenCreated,
     Revoked(TokenRecord),
+    DocWritten,
     Checked,
 }
 
@@ -117,6 +122,7 @@ impl Write {
             Write::AppendEvent(_) => "append an event",
             Write::CreateToken(_) => "insert a token",
             Write::RevokeToken(_) => "revoke a token",
+            Write::Doc(doc) => doc.what(),
             Write::Check => "check that the log can be written",
         }
     }
@@ -128,6 +134,10 @@ impl Write {
             Write::AppendEvent(_) => &statements.append,
             Write::CreateToken(_) => &statements.insert_token,
             Write::RevokeToken(_) => &statements.revoke_token,
+            Write::Doc(doc) => match doc.op() {
+                DocOp::Insert => &statements.insert_doc,
+                DocOp::Update => &statements.update_doc,
+            },
             Write::Check => &statements.check,
         }
     }
@@ -138,6 +148,7 @@ impl Write {
             Write::AppendEvent(event) => event.params().to_vec(),
             Write::CreateToken(token) => token.params(),
             Write::RevokeToken(revocation) => revocation.params(),
+            Write::Doc(doc) => doc.params(),
             Write::Check => Vec::new(),
         }
     }
@@ -155,7 +166,16 @@ impl Write {
             },
             Write::CreateToken(token) => token.decode(row),
             Write::RevokeToken(revocation) => revocation.decode(row),
+            Write::Doc(doc) => doc.decode(row),
             Write::Check => Decoded::unwritten(Ok(Outcome::Checked)),
+        }
+    }
+
+    /// The error for a statement that raised `err`.
+    fn error(&self, err: &tokio_postgres::Error) -> StoreError {
+        match self {
+            Write::Doc(doc) => doc.error(err),
+            _ => map(self.op(), err),
         }
     }
 }
@@ -167,6 +187,8 @@ struct Statements {
     append: Statement,
     insert_token: Statement,
     revoke_token: Statement,
+    insert_doc: Statement,
+    update_doc: Statement,
     check: Statement,
 }
 
@@ -202,6 +224,8 @@ impl Session {
             events::append_sql(),
             tokens::insert_sql(),
             tokens::revoke_sql(),
+            docs::write_sql(DocOp::Insert, true),
+            docs::write_sql(DocOp::Update, true),
             "SELECT NULL::bigint".to_string(),
         ];
         let prepared = join_all(sql.iter().map(|s| client.prepare(s))).await;
@@ -221,6 +245,8 @@ impl Session {
             append: next()?,
             insert_token: next()?,
             revoke_token: next()?,
+            insert_doc: next()?,
+            update_doc: next()?,
             check: next()?,
         };
         Ok(Self { client, statements })
@@ -443,7 +469,7 @@ async fn transaction(
     let mut decoded = Vec::with_capacity(writes.len());
     for (write, answer) in writes.iter().zip(answers) {
         let rows = answer.map_err(|e| {
-            let err = map(write.op(), &e);
+            let err = write.error(&e);
             // A lost connection concerns every write; anything else is this one's.
             if classify(&e) == Failure::Unreachable {
                 Failed::Batch(err)

@@ -17,10 +17,11 @@ use countersign_core::merkle::CompactRange;
 use countersign_core::{EventKind, Verdict};
 use countersign_postgres::{Options, PostgresStore, SCHEMA_VERSION};
 use countersign_store::testsuite::{
-    agent, approver, assert_tree, decide, fill_log, grow, leaves, new_request, recorded_decision,
-    sealed, token,
+    agent, approver, assert_tree, decide, doc, doc_event, fill_log, grow, leaves, new_request,
+    recorded_decision, sealed, token,
 };
 use countersign_store::{ChangeFeed, Created, Store, StoreError, StoredEvent};
+use serde_json::json;
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 use tokio_postgres::NoTls;
@@ -501,6 +502,196 @@ async fn integrators_on_two_instances_agree() {
     let err = a.integrate(size, size + 5, &[]).await.unwrap_err();
     assert!(err.to_string().contains("only 17 are stored"), "{err}");
     assert_eq!(a.integrated_size().await.unwrap(), size);
+}
+
+/// Documents written from two instances at once, some with events and some without:
+/// one owner per key, one winner per version, and only the winners' events, gap-free.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn document_writes_race_across_instances() {
+    let schema = schema_or_skip!();
+    let a: Arc<dyn Store> = Arc::new(schema.store().await);
+    let b: Arc<dyn Store> = Arc::new(schema.store().await);
+    let n = 16;
+    let mut winning_events = Vec::new();
+    for round in 0..3 {
+        let id = |what: &str, i: usize| format!("{what}{round}_{i:02}");
+        for i in 0..n {
+            a.doc_insert(&doc("account", &id("own", i), 1, None, json!({}), 0), None)
+                .await
+                .unwrap();
+        }
+        let cas = id("cas", 0);
+        b.doc_insert(&doc("account", &cas, 1, None, json!({}), 0), None)
+            .await
+            .unwrap();
+        // Every document claims one key; new documents claim another; every writer
+        // updates one document from the same version.
+        for what in ["claim", "insert", "cas"] {
+            let key = format!("{what}-{round}");
+            let barrier = Arc::new(Barrier::new(n));
+            let mut tasks = JoinSet::new();
+            for i in 0..n {
+                let store = if i % 2 == 0 { a.clone() } else { b.clone() };
+                let event = (i % 4 < 2).then(|| doc_event(&id(what, i), 1));
+                let write = match what {
+                    "claim" => doc("account", &id("own", i), 2, Some(&key), json!({"i": i}), 1),
+                    "insert" => doc("account", &id("new", i), 1, Some(&key), json!({"i": i}), 1),
+                    _ => doc("account", &cas, 2, None, json!({"i": i}), 1),
+                };
+                let barrier = barrier.clone();
+                tasks.spawn(async move {
+                    barrier.wait().await;
+                    let result = if what == "insert" {
+                        store.doc_insert(&write, event.as_ref()).await
+                    } else {
+                        store.doc_update(&write, event.as_ref()).await
+                    };
+                    (write, event, result)
+                });
+            }
+            let mut winners = Vec::new();
+            for (write, event, result) in tasks.join_all().await {
+                match (what, result) {
+                    (_, Ok(())) => winners.push((write, event)),
+                    ("cas", Err(StoreError::Conflict(_)))
+                    | ("claim" | "insert", Err(StoreError::Duplicate(_))) => {}
+                    (_, Err(other)) => panic!("{what}, round {round}: {other:?}"),
+                }
+            }
+            assert_eq!(winners.len(), 1, "{what}, round {round}: one winner");
+            let (winner, event) = winners.pop().unwrap();
+            assert_eq!(
+                b.doc_get("account", &winner.id).await.unwrap(),
+                Some(winner.clone())
+            );
+            if what != "cas" {
+                assert_eq!(a.doc_by_key("account", &key).await.unwrap(), Some(winner));
+            }
+            winning_events.extend(event);
+        }
+    }
+    let events = all_events(&*a).await;
+    assert_gap_free(&events);
+    let mut stored: Vec<&Vec<u8>> = events.iter().map(|e| &e.bytes).collect();
+    let mut expected: Vec<&Vec<u8>> = winning_events.iter().map(|e| &e.bytes).collect();
+    stored.sort();
+    expected.sort();
+    assert_eq!(stored, expected, "exactly the winners' events");
+}
+
+/// A key held by a transaction still in flight elsewhere: the write waits for it; if it
+/// commits, the write is refused as a duplicate (not a backend error), with or without
+/// an event, and appends nothing; if it rolls back, the write goes through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_taken_by_a_concurrent_transaction_is_a_duplicate() {
+    let schema = schema_or_skip!();
+    let app = format!("cs_doc_{}", &schema.name[SCHEMA_PREFIX.len()..]);
+    let store: Arc<dyn Store> = Arc::new(schema.store_named(&app).await);
+    let observer = schema.raw().await;
+    store
+        .doc_insert(&doc("account", "u1", 1, None, json!({}), 0), None)
+        .await
+        .unwrap();
+    let mut version = 1;
+    let mut events = 0;
+    let cases = [
+        ("insert", true, "COMMIT"),
+        ("insert", false, "COMMIT"),
+        ("update", true, "COMMIT"),
+        ("update", false, "COMMIT"),
+        ("insert", true, "ROLLBACK"),
+        ("update", true, "ROLLBACK"),
+        ("update", false, "ROLLBACK"),
+    ];
+    for (n, (what, with_event, end)) in cases.into_iter().enumerate() {
+        let key = format!("held-{n}");
+        let holder = schema.raw().await;
+        holder
+            .batch_execute(&format!(
+                "BEGIN; INSERT INTO documents (kind, id, version, key, body, updated_at)
+                 VALUES ('account', 'holder-{n}', 1, '{key}', '{{}}', 0)"
+            ))
+            .await
+            .unwrap();
+        let write = if what == "insert" {
+            doc(
+                "account",
+                &format!("new-{n}"),
+                1,
+                Some(&key),
+                json!({"n": n}),
+                1,
+            )
+        } else {
+            doc("account", "u1", version + 1, Some(&key), json!({"n": n}), 1)
+        };
+        let event = with_event.then(|| doc_event(&format!("case_{n}"), 1));
+        let task = {
+            let (store, write) = (store.clone(), write.clone());
+            tokio::spawn(async move {
+                if what == "insert" {
+                    store.doc_insert(&write, event.as_ref()).await
+                } else {
+                    store.doc_update(&write, event.as_ref()).await
+                }
+            })
+        };
+        wait_until("the write waits for the holder", || async {
+            let waiting: i64 = observer
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity
+                     WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                    &[&app],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            waiting > 0
+        })
+        .await;
+        holder.batch_execute(end).await.unwrap();
+        let result = task.await.unwrap();
+        let case = format!("{what} with event {with_event}, holder {end}");
+        if end == "COMMIT" {
+            assert!(
+                matches!(result, Err(StoreError::Duplicate(_))),
+                "{case}: {result:?}"
+            );
+            assert_eq!(
+                store
+                    .doc_by_key("account", &key)
+                    .await
+                    .unwrap()
+                    .map(|d| d.id),
+                Some(format!("holder-{n}")),
+                "{case}"
+            );
+        } else {
+            result.unwrap_or_else(|e| panic!("{case}: {e}"));
+            assert_eq!(
+                store.doc_by_key("account", &key).await.unwrap(),
+                Some(write.clone())
+            );
+            if what == "update" {
+                version += 1;
+            }
+            if with_event {
+                events += 1;
+            }
+        }
+        assert_eq!(
+            store
+                .doc_get("account", "u1")
+                .await
+                .unwrap()
+                .unwrap()
+                .version,
+            version
+        );
+        let stored = all_events(&*store).await;
+        assert_eq!(stored.len(), events, "{case}");
+        assert_gap_free(&stored);
+    }
 }
 
 // ---------------------------------------------------------------------------------------

@@ -90,3 +90,18 @@ CREATE TABLE tokens (
 ) STRICT;
 
 CREATE INDEX tokens_created ON tokens (created_at, id);
+
+-- Small documents by kind and id: accounts, sessions, invitations, settings, rooms.
+-- `version` is the compare-and-swap token; `key` is unique within a kind when set (a
+-- username, a token hash).
+CREATE TABLE documents (
+    kind       TEXT NOT NULL,
+    id         TEXT NOT NULL,
+    version    INTEGER NOT NULL,
+    key        TEXT,
+    body       TEXT NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (kind, id)
+) STRICT, WITHOUT ROWID;
+
+CREATE UNIQUE INDEX documents_key ON documents (kind, key) WHERE key IS NOT NULL;

@@ -9,6 +9,7 @@
 //!   processes through a busy timeout rather than failing.
 //! - Reads run on a small pool of read-only connections (`readers.rs`).
 
+mod docs;
 mod error;
 mod events;
 mod log;
@@ -29,7 +30,9 @@ use countersign_core::merkle::{Hash, NodeId};
 use countersign_core::{
     ApprovalRequest, PayloadOpening, SealedEvent, SealedTransition, Timestamp, TokenRecord,
 };
-use countersign_store::{Created, RequestQuery, Store, StoreError, StoredCheckpoint, StoredEvent};
+use countersign_store::{
+    Created, Doc, RequestQuery, Store, StoreError, StoredCheckpoint, StoredEvent,
+};
 
 use crate::error::db_err;
 use crate::events::EventRow;
@@ -292,6 +295,90 @@ impl Store for SqliteStore {
 
     async fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, StoreError> {
         self.readers.run(log::checkpoints).await
+    }
+
+    async fn doc_get(&self, kind: &str, id: &str) -> Result<Option<Doc>, StoreError> {
+        let (kind, id) = (kind.to_string(), id.to_string());
+        self.readers
+            .run(move |conn| docs::get(conn, &kind, &id))
+            .await
+    }
+
+    async fn doc_by_key(&self, kind: &str, key: &str) -> Result<Option<Doc>, StoreError> {
+        let (kind, key) = (kind.to_string(), key.to_string());
+        self.readers
+            .run(move |conn| docs::by_key(conn, &kind, &key))
+            .await
+    }
+
+    async fn doc_list(
+        &self,
+        kind: &str,
+        id_prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<Doc>, StoreError> {
+        let (kind, prefix) = (kind.to_string(), id_prefix.to_string());
+        self.readers
+            .run(move |conn| docs::list(conn, &kind, &prefix, limit))
+            .await
+    }
+
+    async fn doc_insert(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<(), StoreError> {
+        let row = docs::DocRow::of(doc)?;
+        let event = event.map(EventRow::of).transpose()?;
+        self.writer
+            .submit(move |conn| docs::insert(conn, &row, event.as_ref()))
+            .await
+    }
+
+    async fn doc_update(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<(), StoreError> {
+        let row = docs::DocRow::of(doc)?;
+        let event = event.map(EventRow::of).transpose()?;
+        self.writer
+            .submit(move |conn| docs::update(conn, &row, event.as_ref()))
+            .await
+    }
+
+    async fn doc_delete(&self, kind: &str, id: &str) -> Result<bool, StoreError> {
+        let (kind, id) = (kind.to_string(), id.to_string());
+        self.writer
+            .submit(move |conn| docs::delete(conn, &kind, &id))
+            .await
+    }
+
+    async fn doc_delete_prefix(&self, kind: &str, id_prefix: &str) -> Result<u64, StoreError> {
+        let (kind, prefix) = (kind.to_string(), id_prefix.to_string());
+        self.writer
+            .submit(move |conn| docs::delete_prefix(conn, &kind, &prefix))
+            .await
+    }
+
+    async fn meta_set_once(&self, key: &str, value: &str) -> Result<String, StoreError> {
+        let (key, value) = (key.to_string(), value.to_string());
+        self.writer
+            .submit(move |conn| docs::meta_set_once(conn, &key, &value))
+            .await
+    }
+
+    async fn meta_list(&self, prefix: &str) -> Result<Vec<(String, String)>, StoreError> {
+        let prefix = prefix.to_string();
+        self.readers
+            .run(move |conn| docs::meta_list(conn, &prefix))
+            .await
+    }
+
+    async fn import_request(&self, request: &ApprovalRequest) -> Result<(), StoreError> {
+        let request = request.clone();
+        self.writer
+            .submit(move |conn| docs::import_request(conn, &request))
+            .await
+    }
+
+    async fn import_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
+        let token = token.clone();
+        self.writer
+            .submit(move |conn| docs::import_token(conn, &token))
+            .await
     }
 
     async fn check(&self) -> Result<(), StoreError> {

@@ -14,6 +14,10 @@ pub enum StoreError {
     #[error("{0} already exists")]
     Duplicate(String),
 
+    /// A document changed since it was read (a compare-and-swap lost).
+    #[error("{0} changed concurrently; reload and retry")]
+    Conflict(String),
+
     /// The database is busy or unreachable; the operation may be retried.
     #[error("database unavailable: {0}")]
     Unavailable(String),

@@ -70,6 +70,20 @@ impl StoredEvent {
     }
 }
 
+/// A small document kept by kind and id: accounts, sessions, invitations, settings,
+/// rooms. `version` is its compare-and-swap token (an update must carry the stored
+/// version + 1); `key`, when set, is unique among documents of the same kind (a
+/// username, a token hash) and can be looked up.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Doc {
+    pub kind: String,
+    pub id: String,
+    pub version: u64,
+    pub key: Option<String>,
+    pub body: serde_json::Value,
+    pub updated_at: Timestamp,
+}
+
 /// A signed checkpoint as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredCheckpoint {
@@ -183,6 +197,52 @@ pub trait Store: Send + Sync + 'static {
 
     /// Checks that the database answers and is writable; says what is wrong otherwise.
     async fn check(&self) -> Result<(), StoreError>;
+
+    /// The document of `kind` with `id`.
+    async fn doc_get(&self, kind: &str, id: &str) -> Result<Option<Doc>, StoreError>;
+
+    /// The document of `kind` whose unique key is `key`.
+    async fn doc_by_key(&self, kind: &str, key: &str) -> Result<Option<Doc>, StoreError>;
+
+    /// Documents of `kind` whose id starts with `id_prefix` (all when empty), by id, at
+    /// most `limit`.
+    async fn doc_list(
+        &self,
+        kind: &str,
+        id_prefix: &str,
+        limit: usize,
+    ) -> Result<Vec<Doc>, StoreError>;
+
+    /// Inserts `doc` (at whatever version it carries, normally 1) and, when given,
+    /// appends `event`, atomically. [`StoreError::Duplicate`] if its id or key is taken.
+    async fn doc_insert(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<(), StoreError>;
+
+    /// Replaces the stored document if its version is `doc.version - 1`, appending
+    /// `event` when given, atomically. [`StoreError::Conflict`] if the version moved,
+    /// [`StoreError::NotFound`] if there is no such document, [`StoreError::Duplicate`]
+    /// if the new key belongs to another document.
+    async fn doc_update(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<(), StoreError>;
+
+    /// Deletes the document of `kind` with exactly `id`; whether there was one.
+    async fn doc_delete(&self, kind: &str, id: &str) -> Result<bool, StoreError>;
+
+    /// Deletes every document of `kind` whose id starts with `id_prefix` (never all: an
+    /// empty prefix deletes nothing); how many.
+    async fn doc_delete_prefix(&self, kind: &str, id_prefix: &str) -> Result<u64, StoreError>;
+
+    /// A setting written once: returns the value in force, setting `value` when `key`
+    /// has none (the first writer wins, as with the log origin).
+    async fn meta_set_once(&self, key: &str, value: &str) -> Result<String, StoreError>;
+
+    /// Settings whose key starts with `prefix`, by key.
+    async fn meta_list(&self, prefix: &str) -> Result<Vec<(String, String)>, StoreError>;
+
+    /// Copies a request as it is, with no event (for `migrate-data`, which copies the
+    /// events separately). [`StoreError::Duplicate`] if it exists.
+    async fn import_request(&self, request: &ApprovalRequest) -> Result<(), StoreError>;
+
+    /// Copies a token as it is, with no event. [`StoreError::Duplicate`] if it exists.
+    async fn import_token(&self, token: &TokenRecord) -> Result<(), StoreError>;
 
     /// Starts pushing change notifications: the backend calls `on_change` soon after
     /// events are committed by any process or instance (e.g. PostgreSQL LISTEN/NOTIFY).

@@ -37,11 +37,13 @@ use countersign_core::{
     ApprovalRequest, Channel, DecisionInput, Event, EventKind, Limits, NewRequest, Principal, Role,
     SealedEvent, SealedTransition, Signer, Status, Timestamp, TokenRecord, Transition, Verdict,
 };
-use serde_json::json;
+use serde_json::{Value, json};
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
-use crate::{ChangeFeed, Created, RequestQuery, Store, StoreError, StoredCheckpoint, StoredEvent};
+use crate::{
+    ChangeFeed, Created, Doc, RequestQuery, Store, StoreError, StoredCheckpoint, StoredEvent,
+};
 
 /// Expands into one `#[tokio::test]` per suite test; see the [module docs](crate::testsuite).
 #[macro_export]
@@ -68,6 +70,14 @@ macro_rules! store_test_suite {
             tokens,
             change_feed_wakes_watchers_on_poke,
             change_feed_polls_without_poke,
+            docs_round_trip,
+            doc_ids_and_keys_are_unique,
+            doc_update_is_compare_and_swap,
+            concurrent_doc_writes_one_wins,
+            doc_writes_append_events_atomically,
+            doc_delete_and_delete_prefix,
+            meta_set_once_first_writer_wins,
+            imports_copy_rows_without_events,
         );
     };
     (@each $factory:expr; $($test:ident),+ $(,)?) => {
@@ -223,6 +233,31 @@ pub fn recorded_decision(id: &str, by: &Principal, seconds: i64) -> SealedEvent 
     )
     .unwrap();
     seal_event(&event)
+}
+
+/// A document of `kind` with `id`, at `version`, written at `seconds`.
+pub fn doc(
+    kind: &str,
+    id: &str,
+    version: u64,
+    key: Option<&str>,
+    body: Value,
+    seconds: i64,
+) -> Doc {
+    Doc {
+        kind: kind.to_string(),
+        id: id.to_string(),
+        version,
+        key: key.map(str::to_string),
+        body,
+        updated_at: at(seconds),
+    }
+}
+
+/// An event to append with a document write: a recorded decision named after `name`,
+/// with a payload, so that its opening must be stored too.
+pub fn doc_event(name: &str, seconds: i64) -> SealedEvent {
+    recorded_decision(&format!("dec_{name}"), &agent("admin"), seconds)
 }
 
 /// Creates `count` pending requests `{prefix}_{i}`, one event each, one after another.
@@ -1449,4 +1484,867 @@ pub async fn change_feed_polls_without_poke(store: Arc<dyn Store>) {
         .await
         .expect("the poll finds the change");
     assert!(feed.wait_for_seq(2, Duration::from_secs(5)).await);
+}
+
+// ---------------------------------------------------------------------------------------
+// Documents, one-time settings and imports.
+
+fn doc_ids(docs: &[Doc]) -> Vec<&str> {
+    docs.iter().map(|d| d.id.as_str()).collect()
+}
+
+async fn listed(store: &Arc<dyn Store>, kind: &str, prefix: &str, limit: usize) -> Vec<String> {
+    let docs = store.doc_list(kind, prefix, limit).await.unwrap();
+    for d in &docs {
+        assert_eq!(d.kind, kind);
+        assert!(
+            d.id.starts_with(prefix),
+            "{} listed for prefix {prefix:?}",
+            d.id
+        );
+    }
+    doc_ids(&docs).into_iter().map(str::to_string).collect()
+}
+
+async fn assert_no_events(store: &Arc<dyn Store>) {
+    assert_eq!(store.last_event_seq().await.unwrap(), 0, "no event written");
+    assert!(all_events(store).await.is_empty(), "no event written");
+}
+
+/// A body with every kind of JSON value, including what a database's JSON type might
+/// normalise or refuse (a NUL character, extreme numbers, key order, empty containers).
+fn awkward_body(name: &str) -> Value {
+    json!({
+        "name": name,
+        "text": "Zoë 🚀 \"quoted\" \\ back\nslash\ttab \u{7f} \u{2028}",
+        "nul": "before\u{0}after",
+        "numbers": [0, -1, 1.0, 0.1, 3.5e-7, 5e-324, 1.7976931348623157e308, u64::MAX, i64::MIN],
+        "literals": [true, false, null],
+        "empty": {"object": {}, "array": [], "string": ""},
+        "order": {"b": 1, "a": 2, "": 3, "ключ": 4, "B": 5},
+        "deep": {"a": {"b": {"c": {"d": [[[["bottom"]]]]}}}},
+    })
+}
+
+/// Documents round-trip exactly, are found by id and by key within their kind, and are
+/// listed by id in byte order, filtered by a literal prefix and limited.
+pub async fn docs_round_trip(store: Arc<dyn Store>) {
+    assert_eq!(store.doc_get("account", "u1").await.unwrap(), None);
+    assert_eq!(store.doc_by_key("account", "alice").await.unwrap(), None);
+    assert!(store.doc_list("account", "", 100).await.unwrap().is_empty());
+
+    // Inserted out of order, so that listing must sort; "U9" and "ü" sort by byte,
+    // whatever the database's collation says about case and accents.
+    let accounts = [
+        doc("account", "u2/x", 1, None, json!(["a", 1]), 1),
+        doc("account", "u1/b", 1, None, json!(null), 2),
+        doc("account", "U9", 1, Some("ALICE"), json!(42), 3),
+        doc("account", "u10", 1, None, json!("just a string"), 4),
+        doc("account", "u1", 1, Some("alice"), awkward_body("u1"), 5),
+        doc("account", "u1/a", 7, Some("Alice"), awkward_body("u1/a"), 6),
+        doc("account", "ü", 1, None, json!({}), 7),
+        doc("account", "u1/c", 1, None, json!(-0.5), 8),
+    ];
+    for d in &accounts {
+        store.doc_insert(d, None).await.unwrap();
+    }
+    // Another kind may use the same id and the same key.
+    let session = doc("session", "u1/a", 1, Some("alice"), json!({"s": 1}), 9);
+    store.doc_insert(&session, None).await.unwrap();
+
+    for d in &accounts {
+        assert_eq!(
+            store.doc_get("account", &d.id).await.unwrap().as_ref(),
+            Some(d)
+        );
+    }
+    assert_eq!(
+        store.doc_get("session", "u1/a").await.unwrap(),
+        Some(session.clone())
+    );
+    assert_eq!(store.doc_get("account", "nope").await.unwrap(), None);
+    assert_eq!(store.doc_get("room", "u1").await.unwrap(), None);
+
+    let by_key = |kind: &'static str, key: &'static str| {
+        let store = store.clone();
+        async move { store.doc_by_key(kind, key).await.unwrap() }
+    };
+    assert_eq!(
+        by_key("account", "alice").await.as_ref(),
+        Some(&accounts[4])
+    );
+    assert_eq!(
+        by_key("account", "Alice").await.as_ref(),
+        Some(&accounts[5])
+    );
+    assert_eq!(
+        by_key("account", "ALICE").await.as_ref(),
+        Some(&accounts[2])
+    );
+    assert_eq!(by_key("session", "alice").await, Some(session.clone()));
+    assert_eq!(by_key("account", "bob").await, None);
+    assert_eq!(by_key("room", "alice").await, None);
+
+    let everything = store.doc_list("account", "", 100).await.unwrap();
+    assert_eq!(
+        doc_ids(&everything),
+        ["U9", "u1", "u1/a", "u1/b", "u1/c", "u10", "u2/x", "ü"]
+    );
+    for d in &everything {
+        assert_eq!(accounts.iter().find(|a| a.id == d.id), Some(d));
+    }
+    assert_eq!(
+        listed(&store, "account", "u1/", 100).await,
+        ["u1/a", "u1/b", "u1/c"]
+    );
+    assert_eq!(
+        listed(&store, "account", "u1", 100).await,
+        ["u1", "u1/a", "u1/b", "u1/c", "u10"]
+    );
+    assert_eq!(
+        listed(&store, "account", "u", 100).await,
+        ["u1", "u1/a", "u1/b", "u1/c", "u10", "u2/x"]
+    );
+    assert_eq!(listed(&store, "account", "u1/", 2).await, ["u1/a", "u1/b"]);
+    assert_eq!(listed(&store, "account", "", 3).await, ["U9", "u1", "u1/a"]);
+    assert_eq!(listed(&store, "account", "ü", 10).await, ["ü"]);
+    assert_eq!(listed(&store, "account", "u1/a", 10).await, ["u1/a"]);
+    assert!(listed(&store, "account", "", 0).await.is_empty());
+    assert!(listed(&store, "account", "u3", 100).await.is_empty());
+    assert!(listed(&store, "account", "u1/a/", 100).await.is_empty());
+    assert_eq!(listed(&store, "session", "", 100).await, ["u1/a"]);
+    assert!(listed(&store, "room", "", 100).await.is_empty());
+
+    // A prefix is literal: no wildcards, no escapes.
+    for id in ["abc", "a_c", "a%b", "a\\d", "a"] {
+        store
+            .doc_insert(&doc("room", id, 1, None, json!({}), 10), None)
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        listed(&store, "room", "a", 10).await,
+        ["a", "a%b", "a\\d", "a_c", "abc"]
+    );
+    assert_eq!(listed(&store, "room", "a%", 10).await, ["a%b"]);
+    assert_eq!(listed(&store, "room", "a_", 10).await, ["a_c"]);
+    assert_eq!(listed(&store, "room", "a\\", 10).await, ["a\\d"]);
+    assert!(listed(&store, "room", "%", 10).await.is_empty());
+    assert!(listed(&store, "room", "_", 10).await.is_empty());
+
+    assert_no_events(&store).await;
+}
+
+/// An id or a key already taken within the kind is refused with `Duplicate`; the
+/// refused write leaves no trace, not even its event.
+pub async fn doc_ids_and_keys_are_unique(store: Arc<dyn Store>) {
+    let alice = doc(
+        "account",
+        "u1",
+        1,
+        Some("alice"),
+        json!({"name": "Alice"}),
+        0,
+    );
+    let first_event = doc_event("u1", 0);
+    store.doc_insert(&alice, Some(&first_event)).await.unwrap();
+
+    let same_id = doc("account", "u1", 1, Some("bob"), json!({"name": "Bob"}), 1);
+    let same_id_no_key = doc("account", "u1", 1, None, json!({"name": "Nobody"}), 1);
+    let same_key = doc("account", "u2", 1, Some("alice"), json!({"name": "Eve"}), 1);
+    for clash in [&same_id, &same_id_no_key, &same_key] {
+        for event in [None, Some(doc_event("clash", 1))] {
+            let err = store.doc_insert(clash, event.as_ref()).await.unwrap_err();
+            assert!(matches!(err, StoreError::Duplicate(_)), "{clash:?}: {err}");
+        }
+    }
+    assert_eq!(
+        store.doc_get("account", "u1").await.unwrap(),
+        Some(alice.clone())
+    );
+    assert_eq!(store.doc_get("account", "u2").await.unwrap(), None);
+    assert_eq!(
+        store.doc_by_key("account", "alice").await.unwrap(),
+        Some(alice.clone())
+    );
+    assert_eq!(store.doc_by_key("account", "bob").await.unwrap(), None);
+    let events = all_events(&store).await;
+    assert_eq!(events.len(), 1, "the refused inserts appended nothing");
+    assert_stored_as(&events[0], &first_event);
+
+    // The same id and key in another kind are another document.
+    let session = doc("session", "u1", 1, Some("alice"), json!({}), 2);
+    store.doc_insert(&session, None).await.unwrap();
+    assert_eq!(store.doc_get("session", "u1").await.unwrap(), Some(session));
+    // Documents without a key never clash on it.
+    for id in ["u3", "u4", "u5"] {
+        store
+            .doc_insert(&doc("account", id, 1, None, json!({}), 3), None)
+            .await
+            .unwrap();
+    }
+    // A later success takes the next number: the refusals burned none.
+    let dave_event = doc_event("u6", 4);
+    store
+        .doc_insert(
+            &doc("account", "u6", 1, Some("dave"), json!({}), 4),
+            Some(&dave_event),
+        )
+        .await
+        .unwrap();
+    let events = all_events(&store).await;
+    assert_gap_free(&events);
+    assert_eq!(events.len(), 2);
+    assert_stored_as(&events[1], &dave_event);
+    assert_eq!(
+        listed(&store, "account", "", 100).await,
+        ["u1", "u3", "u4", "u5", "u6"]
+    );
+}
+
+/// `doc_update` stores only the next version; a stale or skipping version is a
+/// `Conflict`, a missing document `NotFound`, another document's key `Duplicate`, and
+/// none of them writes anything. Clearing the key frees it.
+pub async fn doc_update_is_compare_and_swap(store: Arc<dyn Store>) {
+    let v1 = doc(
+        "account",
+        "u1",
+        1,
+        Some("alice"),
+        json!({"name": "Alice"}),
+        0,
+    );
+    let bob = doc("account", "u2", 1, Some("bob"), json!({"name": "Bob"}), 0);
+    store.doc_insert(&v1, None).await.unwrap();
+    store.doc_insert(&bob, None).await.unwrap();
+
+    let v2 = doc(
+        "account",
+        "u1",
+        2,
+        Some("alice2"),
+        awkward_body("Alice L."),
+        10,
+    );
+    store.doc_update(&v2, None).await.unwrap();
+    assert_eq!(
+        store.doc_get("account", "u1").await.unwrap(),
+        Some(v2.clone())
+    );
+    assert_eq!(store.doc_by_key("account", "alice").await.unwrap(), None);
+    assert_eq!(
+        store.doc_by_key("account", "alice2").await.unwrap(),
+        Some(v2.clone())
+    );
+
+    let expect = |result: Result<(), StoreError>, what: &str| match (what, result) {
+        ("conflict", Err(StoreError::Conflict(_)))
+        | ("duplicate", Err(StoreError::Duplicate(_)))
+        | ("not found", Err(StoreError::NotFound { .. })) => {}
+        (what, other) => panic!("expected {what}, got {other:?}"),
+    };
+    // The same write again (it expects version 1, the store has 2), one built on the
+    // old version, and one that skips a version.
+    let stale = doc(
+        "account",
+        "u1",
+        2,
+        Some("alice"),
+        json!({"name": "stale"}),
+        11,
+    );
+    let skipping = doc(
+        "account",
+        "u1",
+        4,
+        Some("alice2"),
+        json!({"name": "skip"}),
+        11,
+    );
+    for (write, event) in [
+        (&v2, None),
+        (&stale, None),
+        (&skipping, None),
+        (&stale, Some(doc_event("stale", 11))),
+    ] {
+        expect(store.doc_update(write, event.as_ref()).await, "conflict");
+    }
+    assert_eq!(
+        store.doc_get("account", "u1").await.unwrap(),
+        Some(v2.clone())
+    );
+    assert_eq!(store.doc_by_key("account", "alice").await.unwrap(), None);
+
+    // Nothing to update: an unknown id, or the id in another kind.
+    for (kind, id) in [("account", "ghost"), ("session", "u1")] {
+        let ghost = doc(kind, id, 2, None, json!({}), 12);
+        expect(store.doc_update(&ghost, None).await, "not found");
+        expect(
+            store
+                .doc_update(&ghost, Some(&doc_event("ghost", 12)))
+                .await,
+            "not found",
+        );
+        assert_eq!(store.doc_get(kind, id).await.unwrap(), None);
+    }
+    match store
+        .doc_update(&doc("account", "ghost", 1, None, json!({}), 12), None)
+        .await
+    {
+        Err(StoreError::NotFound { id, .. }) => assert!(id.contains("ghost"), "{id}"),
+        other => panic!("expected not found, got {other:?}"),
+    }
+
+    // Another document's key is refused, with or without an event.
+    let takes_bobs = doc(
+        "account",
+        "u1",
+        3,
+        Some("bob"),
+        json!({"name": "thief"}),
+        13,
+    );
+    expect(store.doc_update(&takes_bobs, None).await, "duplicate");
+    expect(
+        store
+            .doc_update(&takes_bobs, Some(&doc_event("bob", 13)))
+            .await,
+        "duplicate",
+    );
+    assert_eq!(
+        store.doc_get("account", "u1").await.unwrap(),
+        Some(v2.clone())
+    );
+    assert_eq!(
+        store.doc_by_key("account", "bob").await.unwrap(),
+        Some(bob.clone())
+    );
+
+    // Keeping its own key is no clash.
+    let bob2 = doc(
+        "account",
+        "u2",
+        2,
+        Some("bob"),
+        json!({"name": "Robert"}),
+        14,
+    );
+    store.doc_update(&bob2, None).await.unwrap();
+    assert_eq!(
+        store.doc_by_key("account", "bob").await.unwrap(),
+        Some(bob2)
+    );
+
+    // Clearing the key frees it for another document.
+    let v3 = doc(
+        "account",
+        "u1",
+        3,
+        None,
+        json!({"name": "Alice, keyless"}),
+        15,
+    );
+    store.doc_update(&v3, None).await.unwrap();
+    assert_eq!(
+        store.doc_get("account", "u1").await.unwrap(),
+        Some(v3.clone())
+    );
+    assert_eq!(store.doc_by_key("account", "alice2").await.unwrap(), None);
+    let heir = doc("account", "u3", 1, Some("alice2"), json!({}), 16);
+    store.doc_insert(&heir, None).await.unwrap();
+    assert_eq!(
+        store.doc_by_key("account", "alice2").await.unwrap(),
+        Some(heir)
+    );
+    // ... and another document can take over a key freed by an update.
+    let v4 = doc("account", "u1", 4, Some("carol"), json!({}), 17);
+    store.doc_update(&v4, None).await.unwrap();
+    let v5 = doc("account", "u1", 5, Some("alice"), json!({}), 18);
+    store.doc_update(&v5, None).await.unwrap();
+    let u2_takes_carol = doc("account", "u2", 3, Some("carol"), json!({}), 19);
+    store.doc_update(&u2_takes_carol, None).await.unwrap();
+    assert_eq!(
+        store.doc_by_key("account", "carol").await.unwrap(),
+        Some(u2_takes_carol)
+    );
+
+    // Every refusal above was free; a successful update with an event appends it.
+    assert_no_events(&store).await;
+    let v6 = doc(
+        "account",
+        "u1",
+        6,
+        Some("alice"),
+        json!({"name": "Alice"}),
+        20,
+    );
+    let event = doc_event("u1", 20);
+    store.doc_update(&v6, Some(&event)).await.unwrap();
+    assert_eq!(store.doc_get("account", "u1").await.unwrap(), Some(v6));
+    let events = all_events(&store).await;
+    assert_eq!(events.len(), 1);
+    assert_stored_as(&events[0], &event);
+}
+
+/// Eight writers update one document from the same version at once: exactly one wins,
+/// with and without events; eight inserts of one key: exactly one wins.
+pub async fn concurrent_doc_writes_one_wins(store: Arc<dyn Store>) {
+    let v1 = doc("room", "r1", 1, Some("lobby"), json!({"members": []}), 0);
+    store.doc_insert(&v1, None).await.unwrap();
+
+    async fn race(
+        store: &Arc<dyn Store>,
+        writes: Vec<(Doc, Option<SealedEvent>)>,
+        insert: bool,
+    ) -> Vec<(Doc, Option<SealedEvent>, Result<(), StoreError>)> {
+        let barrier = Arc::new(Barrier::new(writes.len()));
+        let mut tasks = JoinSet::new();
+        for (write, event) in writes {
+            let store = store.clone();
+            let barrier = barrier.clone();
+            tasks.spawn(async move {
+                barrier.wait().await;
+                let result = if insert {
+                    store.doc_insert(&write, event.as_ref()).await
+                } else {
+                    store.doc_update(&write, event.as_ref()).await
+                };
+                (write, event, result)
+            });
+        }
+        tasks.join_all().await
+    }
+
+    // From version 1, without events.
+    let writes = (0..8)
+        .map(|i| {
+            (
+                doc("room", "r1", 2, Some("lobby"), json!({"writer": i}), i),
+                None,
+            )
+        })
+        .collect();
+    let results = race(&store, writes, false).await;
+    let winners: Vec<_> = results.iter().filter(|(_, _, r)| r.is_ok()).collect();
+    assert_eq!(winners.len(), 1, "exactly one update wins");
+    for (_, _, result) in &results {
+        assert!(
+            matches!(result, Ok(()) | Err(StoreError::Conflict(_))),
+            "{result:?}"
+        );
+    }
+    assert_eq!(
+        store.doc_get("room", "r1").await.unwrap().as_ref(),
+        Some(&winners[0].0)
+    );
+    assert_no_events(&store).await;
+
+    // From version 2, each with its event: one update and one event.
+    let writes = (0..8)
+        .map(|i| {
+            let write = doc("room", "r1", 3, Some("lobby"), json!({"second": i}), 10 + i);
+            (write, Some(doc_event(&format!("r1_{i}"), 10 + i)))
+        })
+        .collect();
+    let results = race(&store, writes, false).await;
+    let winners: Vec<_> = results.iter().filter(|(_, _, r)| r.is_ok()).collect();
+    assert_eq!(winners.len(), 1, "exactly one update wins");
+    for (_, _, result) in &results {
+        assert!(
+            matches!(result, Ok(()) | Err(StoreError::Conflict(_))),
+            "{result:?}"
+        );
+    }
+    let (winner, winner_event, _) = winners[0];
+    assert_eq!(
+        store.doc_get("room", "r1").await.unwrap().as_ref(),
+        Some(winner)
+    );
+    let events = all_events(&store).await;
+    assert_eq!(events.len(), 1, "only the winner's event");
+    assert_stored_as(&events[0], winner_event.as_ref().unwrap());
+
+    // Eight new documents claiming one key, with events.
+    let writes = (0..8)
+        .map(|i| {
+            let write = doc(
+                "room",
+                &format!("n{i}"),
+                1,
+                Some("stage"),
+                json!({"n": i}),
+                20,
+            );
+            (write, Some(doc_event(&format!("n{i}"), 20)))
+        })
+        .collect();
+    let results = race(&store, writes, true).await;
+    let winners: Vec<_> = results.iter().filter(|(_, _, r)| r.is_ok()).collect();
+    assert_eq!(winners.len(), 1, "exactly one insert wins the key");
+    for (_, _, result) in &results {
+        assert!(
+            matches!(result, Ok(()) | Err(StoreError::Duplicate(_))),
+            "{result:?}"
+        );
+    }
+    let (winner, winner_event, _) = winners[0];
+    assert_eq!(
+        store.doc_by_key("room", "stage").await.unwrap().as_ref(),
+        Some(winner)
+    );
+    assert_eq!(listed(&store, "room", "n", 100).await, [winner.id.as_str()]);
+    let events = all_events(&store).await;
+    assert_gap_free(&events);
+    assert_eq!(events.len(), 2);
+    assert_stored_as(&events[1], winner_event.as_ref().unwrap());
+}
+
+/// A document write with an event appends exactly that event (and its payload) in the
+/// one gap-free log, atomically: a refused write appends nothing.
+pub async fn doc_writes_append_events_atomically(store: Arc<dyn Store>) {
+    let bot = agent("deploy-bot");
+    let mut expected: Vec<SealedEvent> = Vec::new();
+
+    let request = sealed(&new_request("req_a", &bot, 0, 3600, None));
+    create_sealed(&store, &request).await;
+    expected.push(request.event.clone());
+
+    let v1 = doc("account", "u1", 1, Some("alice"), json!({"v": 1}), 1);
+    let inserted = doc_event("u1_created", 1);
+    store.doc_insert(&v1, Some(&inserted)).await.unwrap();
+    expected.push(inserted);
+
+    // Refusals between successes: a burned number would show as a gap.
+    let err = store
+        .doc_insert(&v1, Some(&doc_event("again", 2)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Duplicate(_)), "{err}");
+
+    let v2 = doc("account", "u1", 2, Some("alice"), json!({"v": 2}), 3);
+    let updated = doc_event("u1_updated", 3);
+    store.doc_update(&v2, Some(&updated)).await.unwrap();
+    expected.push(updated);
+
+    let err = store
+        .doc_update(&v2, Some(&doc_event("stale", 4)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Conflict(_)), "{err}");
+    let missing = doc("account", "u9", 2, None, json!({}), 4);
+    let err = store
+        .doc_update(&missing, Some(&doc_event("missing", 4)))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::NotFound { .. }), "{err}");
+
+    let (tok, tok_event) = token("tok_1", "alice", "hash-1", 5);
+    store.create_token(&tok, &tok_event).await.unwrap();
+    expected.push(tok_event);
+
+    // Writes with and without events interleave; only those with events count.
+    store
+        .doc_insert(&doc("session", "s1", 1, None, json!({}), 6), None)
+        .await
+        .unwrap();
+    let v3 = doc("account", "u1", 3, None, json!({"v": 3}), 7);
+    let third = doc_event("u1_third", 7);
+    store.doc_update(&v3, Some(&third)).await.unwrap();
+    expected.push(third);
+    let keyless = doc_event("u2_created", 8);
+    store
+        .doc_insert(&doc("account", "u2", 1, None, json!({}), 8), Some(&keyless))
+        .await
+        .unwrap();
+    expected.push(keyless);
+
+    let events = all_events(&store).await;
+    assert_gap_free(&events);
+    assert_eq!(events.len(), expected.len());
+    for (stored, sealed) in events.iter().zip(&expected) {
+        assert_stored_as(stored, sealed);
+    }
+    assert_eq!(store.last_event_seq().await.unwrap(), expected.len() as u64);
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    let payloads = store.payloads(&seqs).await.unwrap();
+    for (stored, sealed) in events.iter().zip(&expected) {
+        assert_eq!(
+            payloads.get(&stored.seq),
+            sealed.payload.as_ref(),
+            "payload {}",
+            stored.seq
+        );
+    }
+    assert_eq!(store.doc_get("account", "u1").await.unwrap(), Some(v3));
+}
+
+/// `doc_delete` deletes exactly one id; `doc_delete_prefix` every id with the literal
+/// prefix in that kind, and nothing for an empty prefix.
+pub async fn doc_delete_and_delete_prefix(store: Arc<dyn Store>) {
+    let ids = ["u1", "u1/a", "u1/b", "u1/c/d", "u10", "u2/a", "a%b", "ab"];
+    for id in ids {
+        let key = format!("key-{id}");
+        store
+            .doc_insert(&doc("session", id, 1, Some(&key), json!({}), 0), None)
+            .await
+            .unwrap();
+    }
+    let other_kind = doc("account", "u1/a", 1, None, json!({}), 0);
+    store.doc_insert(&other_kind, None).await.unwrap();
+
+    assert!(store.doc_delete("session", "u1/a").await.unwrap());
+    assert!(
+        !store.doc_delete("session", "u1/a").await.unwrap(),
+        "already gone"
+    );
+    assert!(!store.doc_delete("session", "nope").await.unwrap());
+    assert!(!store.doc_delete("room", "u1").await.unwrap());
+    assert_eq!(store.doc_get("session", "u1/a").await.unwrap(), None);
+    assert_eq!(store.doc_by_key("session", "key-u1/a").await.unwrap(), None);
+    assert_eq!(
+        store.doc_get("account", "u1/a").await.unwrap(),
+        Some(other_kind.clone())
+    );
+    // A deleted document's id and key are free again.
+    let reborn = doc(
+        "session",
+        "u1/a",
+        1,
+        Some("key-u1/a"),
+        json!({"again": true}),
+        1,
+    );
+    store.doc_insert(&reborn, None).await.unwrap();
+    assert!(store.doc_delete("session", "u1/a").await.unwrap());
+
+    assert_eq!(
+        store.doc_delete_prefix("session", "").await.unwrap(),
+        0,
+        "never all"
+    );
+    assert_eq!(store.doc_list("session", "", 100).await.unwrap().len(), 7);
+    assert_eq!(store.doc_delete_prefix("session", "zzz").await.unwrap(), 0);
+    assert_eq!(store.doc_delete_prefix("room", "u1/").await.unwrap(), 0);
+    assert_eq!(store.doc_delete_prefix("session", "u1/").await.unwrap(), 2);
+    assert_eq!(
+        listed(&store, "session", "", 100).await,
+        ["a%b", "ab", "u1", "u10", "u2/a"]
+    );
+    assert_eq!(
+        store.doc_delete_prefix("session", "a%").await.unwrap(),
+        1,
+        "literal"
+    );
+    assert_eq!(store.doc_delete_prefix("session", "u1").await.unwrap(), 2);
+    assert_eq!(listed(&store, "session", "", 100).await, ["ab", "u2/a"]);
+    assert_eq!(
+        store.doc_get("account", "u1/a").await.unwrap(),
+        Some(other_kind)
+    );
+    assert_no_events(&store).await;
+}
+
+/// `meta_set_once` keeps the first value written, even among concurrent writers, in
+/// the table the log origin lives in; `meta_list` lists by literal prefix, by key.
+pub async fn meta_set_once_first_writer_wins(store: Arc<dyn Store>) {
+    assert!(store.meta_list("app.").await.unwrap().is_empty());
+    assert_eq!(
+        store.meta_set_once("app.secret", "one").await.unwrap(),
+        "one"
+    );
+    assert_eq!(
+        store.meta_set_once("app.secret", "two").await.unwrap(),
+        "one"
+    );
+    assert_eq!(store.meta_set_once("app.empty", "").await.unwrap(), "");
+    assert_eq!(store.meta_set_once("app.empty", "late").await.unwrap(), "");
+
+    let barrier = Arc::new(Barrier::new(8));
+    let mut tasks = JoinSet::new();
+    for i in 0..8 {
+        let store = store.clone();
+        let barrier = barrier.clone();
+        tasks.spawn(async move {
+            barrier.wait().await;
+            store
+                .meta_set_once("app.race", &format!("value-{i}"))
+                .await
+                .unwrap()
+        });
+    }
+    let seen = tasks.join_all().await;
+    let winner = seen[0].clone();
+    assert!(
+        seen.iter().all(|v| *v == winner),
+        "every writer sees one value: {seen:?}"
+    );
+    assert!((0..8).any(|i| winner == format!("value-{i}")), "{winner}");
+
+    for (key, value) in [
+        ("app.b", "B"),
+        ("app.A", "upper"),
+        ("app.a", "lower"),
+        ("app_x", "x"),
+    ] {
+        assert_eq!(store.meta_set_once(key, value).await.unwrap(), value);
+    }
+    let owned = |pairs: &[(&str, &str)]| -> Vec<(String, String)> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    assert_eq!(
+        store.meta_list("app.").await.unwrap(),
+        owned(&[
+            ("app.A", "upper"),
+            ("app.a", "lower"),
+            ("app.b", "B"),
+            ("app.empty", ""),
+            ("app.race", &winner),
+            ("app.secret", "one"),
+        ])
+    );
+    assert_eq!(
+        store.meta_list("app.r").await.unwrap(),
+        owned(&[("app.race", &winner)])
+    );
+    assert_eq!(
+        store.meta_list("app_").await.unwrap(),
+        owned(&[("app_x", "x")])
+    );
+    assert_eq!(
+        store.meta_list("app.secret").await.unwrap(),
+        owned(&[("app.secret", "one")])
+    );
+    assert!(store.meta_list("app.secret.").await.unwrap().is_empty());
+    assert!(store.meta_list("%").await.unwrap().is_empty());
+
+    // The log origin is such a setting.
+    assert_eq!(
+        store.log_origin("gate.example.com/log").await.unwrap(),
+        "gate.example.com/log"
+    );
+    assert_eq!(
+        store
+            .meta_set_once("origin", "other.example.com/log")
+            .await
+            .unwrap(),
+        "gate.example.com/log"
+    );
+    assert_no_events(&store).await;
+}
+
+/// Imported requests and tokens read back exactly as given, write no event, cannot be
+/// imported twice, and carry on like any other.
+pub async fn imports_copy_rows_without_events(store: Arc<dyn Store>) {
+    let bot = agent("deploy-bot");
+    let created = new_request("req_done", &bot, 0, 3600, Some("key-done"));
+    let decided = decide(
+        &created.request,
+        Verdict::Approved,
+        &approver("alice"),
+        5,
+        "n1",
+    );
+    let pending = new_request("req_open", &bot, 1, 30, Some("key-open"));
+    store.import_request(&decided.request).await.unwrap();
+    store.import_request(&pending.request).await.unwrap();
+
+    assert_eq!(
+        store.get_request("req_done").await.unwrap(),
+        Some(decided.request.clone())
+    );
+    assert_eq!(
+        store.get_request("req_open").await.unwrap(),
+        Some(pending.request.clone())
+    );
+    assert_eq!(
+        store.list_requests(&RequestQuery::default()).await.unwrap(),
+        vec![pending.request.clone(), decided.request.clone()]
+    );
+    assert_eq!(
+        store.next_expiry().await.unwrap(),
+        Some(pending.request.expires_at)
+    );
+    assert_eq!(
+        ids(&store.due_for_expiry(at(1000), 10).await.unwrap()),
+        ["req_open"]
+    );
+    // The requester's idempotency key came along.
+    let retry = new_request("req_retry", &bot, 2, 3600, Some("key-open"));
+    match store.create_request(&sealed(&retry)).await.unwrap() {
+        Created::Existing(existing) => assert_eq!(existing, pending.request),
+        Created::New(_) => panic!("the imported request holds the idempotency key"),
+    }
+
+    for again in [&decided.request, &created.request, &pending.request] {
+        let err = store.import_request(again).await.unwrap_err();
+        assert!(matches!(err, StoreError::Duplicate(_)), "{err}");
+    }
+    assert_eq!(
+        store.get_request("req_done").await.unwrap(),
+        Some(decided.request.clone())
+    );
+
+    let (active, _) = token("tok_live", "live", "hash-live", 3);
+    let revoked = TokenRecord {
+        revoked_at: Some(at(4)),
+        ..token("tok_gone", "gone", "hash-gone", 2).0
+    };
+    store.import_token(&active).await.unwrap();
+    store.import_token(&revoked).await.unwrap();
+    assert_eq!(
+        store.token_by_hash("hash-live").await.unwrap(),
+        Some(active.clone())
+    );
+    assert_eq!(
+        store.token_by_hash("hash-gone").await.unwrap(),
+        Some(revoked.clone())
+    );
+    assert_eq!(
+        store.list_tokens().await.unwrap(),
+        vec![revoked.clone(), active.clone()]
+    );
+    let same_hash = TokenRecord {
+        id: "tok_other".into(),
+        ..active.clone()
+    };
+    for again in [&active, &revoked, &same_hash] {
+        let err = store.import_token(again).await.unwrap_err();
+        assert!(matches!(err, StoreError::Duplicate(_)), "{err}");
+    }
+    assert_eq!(store.list_tokens().await.unwrap().len(), 2);
+    assert_no_events(&store).await;
+
+    // Imported rows carry on as usual: the pending request can be decided, from the
+    // version it was imported at, and the token revoked.
+    let approved = sealed(&decide(
+        &pending.request,
+        Verdict::Approved,
+        &approver("bob"),
+        6,
+        "n2",
+    ));
+    store.apply(&approved).await.unwrap();
+    assert_eq!(
+        store.get_request("req_open").await.unwrap(),
+        Some(approved.request.clone())
+    );
+    store
+        .revoke_token("tok_live", at(7), &token_revoked(&active, 7))
+        .await
+        .unwrap();
+    let err = store
+        .revoke_token("tok_gone", at(8), &token_revoked(&revoked, 8))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Duplicate(_)),
+        "already revoked: {err}"
+    );
+    assert_eq!(
+        kinds(&all_events(&store).await),
+        ["request_decided", "token_revoked"]
+    );
 }
