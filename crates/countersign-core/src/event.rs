@@ -35,6 +35,9 @@ pub enum EventKind {
     TokenCreated,
     TokenRevoked,
     KeyRotated,
+    UserCreated,
+    UserActivated,
+    UserDisabled,
 }
 
 impl EventKind {
@@ -51,6 +54,9 @@ impl EventKind {
             EventKind::TokenCreated => "token_created",
             EventKind::TokenRevoked => "token_revoked",
             EventKind::KeyRotated => "key_rotated",
+            EventKind::UserCreated => "user_created",
+            EventKind::UserActivated => "user_activated",
+            EventKind::UserDisabled => "user_disabled",
         }
     }
 }

@@ -56,6 +56,8 @@ pub enum AuthMethod {
     /// A process on the server's machine with access to the data directory, named by its
     /// operating-system user (the `countersign approve` command, a stdio MCP process).
     LocalOsUser,
+    /// A dashboard account: signed in with its password, acting through its session.
+    PasswordSession,
 }
 
 /// Where a decision was made.
@@ -68,6 +70,8 @@ pub enum Channel {
     Mcp,
     /// The `countersign approve|reject` command on the server's machine.
     Cli,
+    /// The web dashboard.
+    Dashboard,
 }
 
 impl Channel {
@@ -76,6 +80,7 @@ impl Channel {
             Channel::Api => "api",
             Channel::Mcp => "mcp",
             Channel::Cli => "cli",
+            Channel::Dashboard => "dashboard",
         }
     }
 }
@@ -108,6 +113,16 @@ impl Principal {
             display_name: user.to_string(),
             role,
             auth_method: AuthMethod::LocalOsUser,
+        }
+    }
+
+    /// A dashboard account, signed in with its password.
+    pub fn user(username: &str, display_name: &str, role: Role) -> Self {
+        Self {
+            id: format!("user:{username}"),
+            display_name: display_name.to_string(),
+            role,
+            auth_method: AuthMethod::PasswordSession,
         }
     }
 

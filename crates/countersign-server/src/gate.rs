@@ -22,6 +22,7 @@ use countersign_store::{ChangeFeed, Created, RequestQuery, Store, StoreError};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::accounts::Accounts;
 use crate::error::GateError;
 use crate::keyring::KeyRing;
 use crate::log::TransparencyLog;
@@ -70,6 +71,8 @@ pub struct Settings {
     pub reviewer: Option<Reviewer>,
     /// Whether evidence bundles may include raw payloads (mode `full`).
     pub raw_payload_export: bool,
+    /// How long a dashboard session lasts, in seconds (0: the default, 12 hours).
+    pub session_seconds: u64,
 }
 
 pub struct Gate {
@@ -78,6 +81,7 @@ pub struct Gate {
     keys: Arc<KeyRing>,
     clock: Arc<dyn Clock>,
     log: Arc<TransparencyLog>,
+    accounts: Accounts,
     settings: Settings,
     limits: Limits,
     /// Cancelled when the process shuts down: waits return the current state at once.
@@ -92,8 +96,13 @@ impl Gate {
         clock: Arc<dyn Clock>,
         log: Arc<TransparencyLog>,
         settings: Settings,
-    ) -> Self {
-        Self {
+    ) -> Result<Self, GateError> {
+        let session_seconds = match settings.session_seconds {
+            0 => 12 * 3600,
+            s => s,
+        };
+        Ok(Self {
+            accounts: Accounts::new(store.clone(), clock.clone(), session_seconds)?,
             store,
             feed,
             keys,
@@ -102,7 +111,12 @@ impl Gate {
             limits: settings.limits.clone(),
             settings,
             stopping: CancellationToken::new(),
-        }
+        })
+    }
+
+    /// The dashboard's accounts and sessions.
+    pub fn accounts(&self) -> &Accounts {
+        &self.accounts
     }
 
     /// Ends every wait in progress (each returns the request's current state, so its

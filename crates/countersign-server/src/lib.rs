@@ -1,6 +1,7 @@
 //! countersign's services: the [`Gate`] (the one place requests are created, decided and
 //! consumed), the REST API, the MCP adapter, and the HTTP server that puts them together.
 
+pub mod accounts;
 pub mod auth;
 pub mod error;
 pub mod gate;
@@ -9,6 +10,7 @@ pub mod keyring;
 pub mod log;
 pub mod mcp;
 pub mod rest;
+pub mod ui;
 pub mod views;
 
 use std::sync::Arc;
@@ -35,6 +37,9 @@ pub struct HttpConfig {
     pub operator_tools: bool,
     /// The largest request body accepted, in bytes.
     pub max_body_bytes: usize,
+    /// How people reach this server (for links in invitations and emails), e.g.
+    /// `https://approvals.example.com`.
+    pub public_url: String,
 }
 
 impl Default for HttpConfig {
@@ -43,6 +48,7 @@ impl Default for HttpConfig {
             allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
             operator_tools: false,
             max_body_bytes: 1024 * 1024,
+            public_url: "http://127.0.0.1:8787".into(),
         }
     }
 }
@@ -51,6 +57,8 @@ impl Default for HttpConfig {
 pub struct AppState {
     pub gate: Arc<Gate>,
     pub hosts: Arc<guard::HostPolicy>,
+    pub public_url: String,
+    pub throttle: Arc<ui::Throttle>,
 }
 
 /// The whole HTTP surface: `/mcp`, `/api/v1`, `/healthz`, `/.well-known/jwks.json`.
@@ -58,6 +66,8 @@ pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken)
     let state = AppState {
         gate: gate.clone(),
         hosts: Arc::new(guard::HostPolicy::new(&config.allowed_hosts)),
+        public_url: config.public_url.clone(),
+        throttle: Arc::new(ui::Throttle::default()),
     };
     // Built once: every stateless request gets a cheap clone.
     let mcp_service = McpService::new(gate.clone(), Identity::PerRequest, config.operator_tools);
@@ -84,6 +94,7 @@ pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken)
     Router::new()
         .merge(rest::public_routes())
         .merge(authenticated)
+        .merge(ui::routes().layer(axum::middleware::from_fn(ui::security_headers)))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(

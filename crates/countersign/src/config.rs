@@ -34,6 +34,10 @@ pub struct Config {
     pub raw_payload_export: bool,
     /// The reviewer `record_review` records; `None` keeps it off.
     pub reviewer: Option<(String, String)>,
+    /// How people reach this server: links in invitations and emails.
+    pub public_url: String,
+    /// How long a dashboard session lasts.
+    pub session_hours: u64,
 }
 
 /// The config file's shape.
@@ -46,6 +50,8 @@ struct FileConfig {
     operator_tools: Option<bool>,
     max_body_bytes: Option<usize>,
     feed_poll_ms: Option<u64>,
+    public_url: Option<String>,
+    session_hours: Option<u64>,
     cli: Option<CliSection>,
     log: Option<LogSection>,
     evidence: Option<EvidenceSection>,
@@ -94,6 +100,7 @@ const ENV_KEYS: &[&str] = &[
     "COUNTERSIGN_OPERATOR_TOOLS",
     "COUNTERSIGN_MAX_BODY_BYTES",
     "COUNTERSIGN_FEED_POLL_MS",
+    "COUNTERSIGN_PUBLIC_URL",
     "COUNTERSIGN_LOG",
 ];
 
@@ -231,7 +238,19 @@ impl Config {
             }
             _ => None,
         };
+        let public_url = env("COUNTERSIGN_PUBLIC_URL")
+            .or(file.public_url)
+            .unwrap_or_else(|| format!("http://{listen}"));
+        if !(public_url.starts_with("http://") || public_url.starts_with("https://")) {
+            bail!("public_url {public_url:?} must start with http:// or https://");
+        }
+        let session_hours = file.session_hours.unwrap_or(12);
+        if !(1..=24 * 30).contains(&session_hours) {
+            bail!("session_hours must be between 1 and 720");
+        }
         Ok(Self {
+            public_url: public_url.trim_end_matches('/').to_string(),
+            session_hours,
             log_origin: file.log.and_then(|l| l.origin),
             raw_payload_export: file
                 .evidence

@@ -49,6 +49,11 @@ enum Command {
     Reject(cmd::decide::DecideArgs),
     /// Verify a proof offline.
     Verify(cmd::verify::VerifyArgs),
+    /// Manage dashboard accounts.
+    #[command(subcommand)]
+    User(cmd::user::UserCommand),
+    /// Fill a fresh data directory with sample agents and requests, then serve it.
+    Demo(cmd::demo::DemoArgs),
     /// Manage signing keys.
     #[command(subcommand)]
     Keys(cmd::keys::KeysCommand),
@@ -71,6 +76,7 @@ fn main() -> ExitCode {
         listen: match &cli.command {
             Command::Serve(args) => args.listen.clone(),
             Command::Doctor(args) => args.listen.clone(),
+            Command::Demo(args) => args.listen.clone(),
             _ => None,
         },
     };

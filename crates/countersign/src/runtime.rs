@@ -50,6 +50,7 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
             display_name: name.clone(),
         }),
         raw_payload_export: config.raw_payload_export,
+        session_seconds: config.session_hours * 3600,
     };
     Ok(Arc::new(Gate::new(
         store,
@@ -58,7 +59,7 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
         clock,
         Arc::new(log),
         settings,
-    )))
+    )?))
 }
 
 /// `countersign/<12 random hex digits>`: unique to this installation, fixed forever once

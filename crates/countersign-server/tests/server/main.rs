@@ -9,3 +9,4 @@ mod decisions;
 mod input;
 mod log;
 mod mcp_http;
+mod ui;

@@ -68,7 +68,7 @@ pub async fn start_full(config: HttpConfig, settings: Settings) -> TestServer {
         .await
         .unwrap(),
     );
-    let gate = Arc::new(Gate::new(store, feed, keys, clock, log, settings));
+    let gate = Arc::new(Gate::new(store, feed, keys, clock, log, settings).unwrap());
     let setup = Principal::local_user("test-setup", Role::Admin);
     let token = |name: &'static str, role| {
         let gate = gate.clone();

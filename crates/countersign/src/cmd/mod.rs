@@ -2,12 +2,14 @@
 //! answer (an invalid proof, a failed check), 2 for an error (bad input, I/O).
 
 pub mod decide;
+pub mod demo;
 pub mod doctor;
 pub mod keys;
 pub mod log;
 pub mod mcp;
 pub mod serve;
 pub mod token;
+pub mod user;
 pub mod verify;
 
 use std::process::ExitCode;
@@ -27,6 +29,11 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
             mcp::run(&config, &args).await
         }
         Command::Token(command) => token::run(&config, command).await,
+        Command::User(command) => user::run(&config, command).await,
+        Command::Demo(args) => {
+            init_logging("info");
+            demo::run(&config, &args).await
+        }
         Command::Pending(args) => decide::pending(&config, &args).await,
         Command::Approve(args) => {
             decide::decide(&config, &args, countersign_core::Verdict::Approved).await

@@ -21,6 +21,8 @@ pub struct ServeArgs {
 /// How long in-flight requests (long polls included) get to finish after a shutdown
 /// signal. Everything acknowledged is already durable, so cutting them off loses nothing.
 const DRAIN: Duration = Duration::from_secs(5);
+/// How long the first-admin setup link works.
+const SETUP_SECONDS: u64 = 30 * 60;
 
 pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
     let gate = runtime::open(config).await?;
@@ -31,11 +33,18 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         )
     })?;
     let addr = listener.local_addr()?;
+    // The default public URL follows the address actually bound (port 0 picks one).
+    let mut config = config.clone();
+    if config.public_url == format!("http://{}", config.listen) {
+        config.public_url = format!("http://{addr}");
+    }
+    let config = &config;
     let shutdown = CancellationToken::new();
     let http = HttpConfig {
         allowed_hosts: config.allowed_hosts.clone(),
         operator_tools: config.operator_tools,
         max_body_bytes: config.max_body_bytes,
+        public_url: config.public_url.clone(),
     };
     let app = countersign_server::router(gate.clone(), &http, shutdown.clone());
     tokio::spawn(gate.clone().run_expiry(shutdown.clone()));
@@ -57,6 +66,14 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
             addr.ip()
         );
     }
+    if !gate.accounts().has_admin().await? {
+        let token = gate.accounts().setup_token(SETUP_SECONDS).await?;
+        eprintln!(
+            "no admin account yet: create it within {} minutes at {}/setup?token={token}",
+            SETUP_SECONDS / 60,
+            config.public_url
+        );
+    }
     if gate.list_tokens().await?.iter().all(|t| !t.is_active()) {
         eprintln!(
             "no tokens yet: create one with `countersign token create --role agent --name my-agent` (and --role approver for people who decide)"
@@ -73,6 +90,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         stopping.begin_shutdown();
         signal.cancel();
     });
+    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
     let server = axum::serve(listener, app).with_graceful_shutdown({
         let shutdown = shutdown.clone();
         async move { shutdown.cancelled().await }

@@ -1,0 +1,423 @@
+// The approver's dashboard: what needs you, history, and (for admins) users. Live
+// through Server-Sent Events; every state change is a POST carrying the CSRF token.
+
+const state = {
+  me: null,
+  csrf: null,
+  view: "needs",
+  requests: [],
+  selected: null,
+  detail: null,
+  users: [],
+  notify: false,
+  lastPendingIds: new Set(),
+};
+
+const $ = (id) => document.getElementById(id);
+const el = (tag, attrs = {}, ...children) => {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs)) {
+    if (value === null || value === undefined || value === false) continue;
+    if (key === "class") node.className = value;
+    else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
+    else node.setAttribute(key, value === true ? "" : value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+};
+
+async function api(path, options = {}) {
+  const headers = { accept: "application/json" };
+  if (options.body !== undefined) headers["content-type"] = "application/json";
+  if (options.method && options.method !== "GET") headers["x-csrf-token"] = state.csrf;
+  const response = await fetch(path, {
+    method: options.method || "GET",
+    headers,
+    credentials: "same-origin",
+    body: options.body === undefined ? undefined : JSON.stringify(options.body),
+  });
+  if (response.status === 401) {
+    location.assign("/login");
+    throw new Error("signed out");
+  }
+  const data = await response.json().catch(() => ({}));
+  if (!response.ok) {
+    const error = new Error((data.error && data.error.message) || `HTTP ${response.status}`);
+    error.status = response.status;
+    error.code = data.error && data.error.code;
+    throw error;
+  }
+  return data;
+}
+
+// ---- time -------------------------------------------------------------------------
+
+function fmtTime(iso) {
+  if (!iso) return "";
+  const d = new Date(iso);
+  return d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+}
+
+function remaining(iso) {
+  const ms = new Date(iso).getTime() - Date.now();
+  if (ms <= 0) return { text: "expired", soon: true };
+  const s = Math.floor(ms / 1000);
+  const h = Math.floor(s / 3600);
+  const m = Math.floor((s % 3600) / 60);
+  const sec = s % 60;
+  const text = h > 0 ? `${h}h ${String(m).padStart(2, "0")}m` : `${m}m ${String(sec).padStart(2, "0")}s`;
+  return { text: `${text} left`, soon: ms < 5 * 60 * 1000 };
+}
+
+function countdown(iso) {
+  const span = el("span", { class: "countdown", "data-expires": iso });
+  paintCountdown(span);
+  return span;
+}
+
+function paintCountdown(span) {
+  const r = remaining(span.dataset.expires);
+  span.textContent = r.text;
+  span.classList.toggle("soon", r.soon);
+}
+
+setInterval(() => document.querySelectorAll(".countdown").forEach(paintCountdown), 1000);
+
+// ---- lists ------------------------------------------------------------------------
+
+function detailsPreview(details) {
+  return Object.entries(details || {})
+    .slice(0, 4)
+    .map(([k, v]) => `${k}: ${v}`)
+    .join(" · ");
+}
+
+function card(request) {
+  return el(
+    "button",
+    {
+      class: "card",
+      type: "button",
+      "aria-selected": state.selected === request.request_id ? "true" : "false",
+      "data-id": request.request_id,
+      onclick: () => select(request.request_id),
+    },
+    el("div", { class: "desc" }, request.action_description),
+    el("div", { class: "details" }, detailsPreview(request.action_details)),
+    el(
+      "div",
+      { class: "meta" },
+      el("span", { class: `status ${request.status}` }, request.status.replace("_", " ")),
+      el("span", {}, request.requested_by.replace(/^(token|stdio|local):/, "")),
+      el("span", {}, fmtTime(request.requested_at)),
+      request.status === "pending" ? countdown(request.expires_at) : null,
+    ),
+  );
+}
+
+async function loadList() {
+  const items = $("items");
+  if (state.view === "users") return loadUsers();
+  const params = new URLSearchParams();
+  if (state.view === "needs") params.set("view", "pending");
+  else {
+    params.set("view", "history");
+    if ($("q").value) params.set("q", $("q").value);
+    if ($("agent").value) params.set("agent", $("agent").value);
+    if ($("status-filter").value) params.set("status", $("status-filter").value);
+  }
+  try {
+    const data = await api(`/ui/api/requests?${params}`);
+    state.requests = data.requests;
+  } catch (err) {
+    items.replaceChildren(el("p", { class: "notice error" }, err.message));
+    return;
+  }
+  if (state.view === "needs") {
+    $("needs-count").textContent = state.requests.length;
+    $("needs-count").classList.toggle("zero", state.requests.length === 0);
+    announceNew(state.requests);
+  }
+  items.replaceChildren(
+    ...(state.requests.length
+      ? state.requests.map(card)
+      : [el("p", { class: "empty" }, state.view === "needs" ? "Nothing needs you right now." : "No requests match.")]),
+  );
+}
+
+function announceNew(pending) {
+  const ids = new Set(pending.map((r) => r.request_id));
+  if (state.notify && state.lastPendingIds.size) {
+    for (const r of pending) {
+      if (!state.lastPendingIds.has(r.request_id)) {
+        new Notification("countersign: approval needed", { body: r.action_description, tag: r.request_id });
+      }
+    }
+  }
+  state.lastPendingIds = ids;
+}
+
+// ---- detail -----------------------------------------------------------------------
+
+async function select(id) {
+  state.selected = id;
+  history.replaceState(null, "", `/requests/${encodeURIComponent(id)}`);
+  document.querySelectorAll(".card").forEach((c) => c.setAttribute("aria-selected", c.dataset.id === id ? "true" : "false"));
+  await loadDetail();
+  $("detail").classList.add("open");
+}
+
+async function loadDetail(notice) {
+  if (!state.selected) return;
+  const body = $("detail-body");
+  try {
+    state.detail = await api(`/ui/api/requests/${encodeURIComponent(state.selected)}`);
+  } catch (err) {
+    body.replaceChildren(el("p", { class: "notice error" }, err.message));
+    return;
+  }
+  renderDetail(notice);
+}
+
+function kvTable(rows) {
+  return el("table", { class: "kv" }, el("tbody", {}, rows.map(([k, v]) => el("tr", {}, el("th", { scope: "row" }, k), el("td", {}, v)))));
+}
+
+function renderDetail(notice) {
+  const r = state.detail;
+  const parts = [
+    el("h3", {}, r.action_description),
+    el("span", { class: `status ${r.status}` }, r.status.replace("_", " ")),
+  ];
+  if (notice) parts.push(el("div", { class: `notice ${notice.kind}`, role: "status" }, notice.text));
+  const detailRows = Object.entries(r.action_details || {});
+  parts.push(
+    detailRows.length ? kvTable(detailRows) : el("p", { class: "empty" }, "No details."),
+    kvTable([
+      ["Requested by", r.requested_by],
+      ["Requested", fmtTime(r.requested_at)],
+      ["Expires", r.status === "pending" ? el("span", {}, fmtTime(r.expires_at), " · ", countdown(r.expires_at)) : fmtTime(r.expires_at)],
+      ["Request id", r.request_id],
+      ["Action digest", r.action_digest],
+    ]),
+  );
+  if (r.decision) {
+    const d = r.decision;
+    const who = d.approvers.map((a) => `${a.display_name} via ${a.channel}`).join(", ");
+    parts.push(
+      el("div", { class: `notice ${r.status === "approved" ? "ok" : "error"}` }, `${r.status === "approved" ? "Approved" : "Rejected"} by ${who} at ${fmtTime(d.decided_at)}`),
+      kvTable([
+        ["Comment", d.comment || "—"],
+        ...Object.entries(d.fields || {}).map(([k, v]) => [k, v]),
+        ["Usable until", fmtTime(d.valid_until)],
+        ["Used", r.used ? `${r.used.tool} at ${fmtTime(r.used.recorded_at)}` : "not yet"],
+      ]),
+    );
+  } else if (r.status !== "pending") {
+    parts.push(el("div", { class: "notice error" }, r.status === "timed_out" ? "Timed out without a decision: not approved." : "Cancelled by the agent."));
+  }
+  if (r.proof) parts.push(proofTools(r));
+  if (r.status === "pending" && r.can_decide) parts.push(decisionForm(r));
+  else if (r.status === "pending") parts.push(el("div", { class: "notice info" }, r.cannot_decide_reason || "You cannot decide this request."));
+  $("detail-body").replaceChildren(...parts);
+}
+
+function proofTools(r) {
+  const download = () => {
+    const blob = new Blob([JSON.stringify(r.proof, null, 2)], { type: "application/json" });
+    const a = el("a", { href: URL.createObjectURL(blob), download: `${r.request_id}.proof.json` });
+    a.click();
+    URL.revokeObjectURL(a.href);
+  };
+  const command = `countersign verify ${r.request_id}.proof.json --server ${location.origin}`;
+  const copy = async (event) => {
+    await navigator.clipboard.writeText(command);
+    event.target.textContent = "Copied";
+  };
+  return el(
+    "div",
+    {},
+    el("div", { class: "proof-tools" },
+      el("button", { class: "btn small", type: "button", onclick: download }, "Download proof"),
+      el("button", { class: "btn small", type: "button", onclick: copy }, "Copy verify command")),
+    el("code", { class: "cmd" }, command),
+  );
+}
+
+function decisionForm(r) {
+  const comment = el("textarea", { id: "comment", rows: "2", maxlength: "4096" });
+  const fieldInputs = (r.requested_fields || []).map((name) => ({
+    name,
+    input: el("input", { id: `field-${name}`, name, required: true }),
+  }));
+  const approve = el("button", { class: "btn approve", type: "button", id: "approve" }, "Approve");
+  const reject = el("button", { class: "btn reject", type: "button", id: "reject" }, "Reject");
+  const status = el("div", { role: "alert" });
+  const send = async (decision) => {
+    const fields = {};
+    for (const f of fieldInputs) {
+      if (decision === "approved" && !f.input.value.trim()) {
+        status.className = "notice error";
+        status.textContent = `Fill in ${f.name} to approve.`;
+        f.input.focus();
+        return;
+      }
+      if (f.input.value.trim()) fields[f.name] = f.input.value.trim();
+    }
+    approve.disabled = reject.disabled = true;
+    try {
+      await api(`/ui/api/requests/${encodeURIComponent(r.request_id)}/decision`, {
+        method: "POST",
+        body: { decision, comment: comment.value || null, fields, expected_version: r.version },
+      });
+      await loadDetail({ kind: "ok", text: decision === "approved" ? "Approved. The agent has its proof." : "Rejected. The agent has been told." });
+      await loadList();
+    } catch (err) {
+      approve.disabled = reject.disabled = false;
+      if (err.status === 409) {
+        await loadDetail({ kind: "error", text: err.message });
+      } else {
+        status.className = "notice error";
+        status.textContent = err.message;
+      }
+    }
+  };
+  approve.addEventListener("click", () => send("approved"));
+  reject.addEventListener("click", () => send("rejected"));
+  return el(
+    "form",
+    { class: "decide", onsubmit: (e) => e.preventDefault() },
+    ...fieldInputs.map((f) => [el("label", { for: f.input.id }, f.name), f.input]),
+    el("label", { for: "comment" }, "Comment (for a rejection, the reason the agent receives)"),
+    comment,
+    status,
+    el("div", { class: "actions" }, approve, reject),
+  );
+}
+
+// ---- users (admins) ---------------------------------------------------------------
+
+async function loadUsers() {
+  const items = $("items");
+  let data;
+  try {
+    data = await api("/ui/api/users");
+  } catch (err) {
+    items.replaceChildren(el("p", { class: "notice error" }, err.message));
+    return;
+  }
+  const username = el("input", { id: "invite-username", required: true });
+  const role = el("select", { id: "invite-role" }, el("option", { value: "approver" }, "approver"), el("option", { value: "admin" }, "admin"));
+  const result = el("div", { role: "status" });
+  const invite = async () => {
+    try {
+      const made = await api("/ui/api/users/invite", { method: "POST", body: { username: username.value, role: role.value } });
+      result.className = "notice ok";
+      result.replaceChildren("Send this one-time link to the new approver (it expires in 24 hours): ", el("code", { class: "cmd" }, made.link));
+      await loadUsers();
+    } catch (err) {
+      result.className = "notice error";
+      result.textContent = err.message;
+    }
+  };
+  const rows = data.users.map((u) =>
+    el("tr", {},
+      el("td", {}, u.username),
+      el("td", {}, u.display_name),
+      el("td", {}, u.role),
+      el("td", {}, u.disabled ? "disabled" : u.active ? "active" : "invited"),
+      el("td", {}, u.disabled || u.id === state.me.id ? "" : el("button", {
+        class: "btn small", type: "button",
+        onclick: async () => {
+          await api(`/ui/api/users/${encodeURIComponent(u.id)}/disable`, { method: "POST", body: {} });
+          await loadUsers();
+        },
+      }, "Disable"))));
+  items.replaceChildren(
+    el("table", { class: "users" },
+      el("thead", {}, el("tr", {}, ["Username", "Name", "Role", "State", ""].map((h) => el("th", { scope: "col" }, h)))),
+      el("tbody", {}, rows)),
+    el("form", { class: "decide", onsubmit: (e) => { e.preventDefault(); invite(); } },
+      el("label", { for: "invite-username" }, "Invite an approver: username"), username,
+      el("label", { for: "invite-role" }, "Role"), role,
+      el("div", { class: "actions" }, el("button", { class: "btn primary", type: "submit" }, "Create invitation link")),
+      result),
+  );
+}
+
+// ---- live updates -----------------------------------------------------------------
+
+function connect() {
+  const source = new EventSource("/ui/events");
+  source.addEventListener("open", () => {
+    $("conn").textContent = "live";
+    $("conn").classList.remove("down");
+    loadList();
+    loadDetail();
+  });
+  source.addEventListener("change", (event) => {
+    const change = JSON.parse(event.data);
+    loadList();
+    if (change.subject && change.subject === state.selected) {
+      const notice = change.type === "request_decided" && state.detail && state.detail.status === "pending"
+        ? { kind: "info", text: "This request was just decided elsewhere." }
+        : undefined;
+      loadDetail(notice);
+    }
+  });
+  source.addEventListener("error", () => {
+    $("conn").textContent = "reconnecting…";
+    $("conn").classList.add("down");
+    // EventSource retries by itself; if the session ended, go to sign-in.
+    if (source.readyState === EventSource.CLOSED) setTimeout(connect, 2000);
+  });
+}
+
+// ---- start ------------------------------------------------------------------------
+
+function setView(view) {
+  state.view = view;
+  document.querySelectorAll("nav.side button").forEach((b) => {
+    if (b.dataset.view === view) b.setAttribute("aria-current", "page");
+    else b.removeAttribute("aria-current");
+  });
+  $("list-title").textContent = { needs: "Needs you", history: "History", users: "Users" }[view];
+  $("filters").hidden = view !== "history";
+  loadList();
+}
+
+async function start() {
+  const me = await api("/ui/api/me");
+  state.me = me.user;
+  state.csrf = me.csrf_token;
+  $("who").textContent = `${me.user.display_name} (${me.user.role})`;
+  $("nav-users").hidden = me.user.role !== "admin";
+  document.querySelectorAll("nav.side button").forEach((b) => b.addEventListener("click", () => setView(b.dataset.view)));
+  for (const id of ["q", "agent", "status-filter"]) $(id).addEventListener("input", () => loadList());
+  $("sheet-close").addEventListener("click", () => $("detail").classList.remove("open"));
+  $("logout").addEventListener("click", async () => {
+    await api("/ui/logout", { method: "POST", body: {} }).catch(() => {});
+    location.assign("/login");
+  });
+  $("logout-all").addEventListener("click", async () => {
+    await api("/ui/logout-all", { method: "POST", body: {} }).catch(() => {});
+    location.assign("/login");
+  });
+  $("notify").addEventListener("click", async () => {
+    if (!("Notification" in window)) return;
+    state.notify = (await Notification.requestPermission()) === "granted";
+    $("notify").textContent = state.notify ? "Notifications on" : "Notify me";
+  });
+  const match = location.pathname.match(/^\/requests\/(.+)$/);
+  if (match) state.selected = decodeURIComponent(match[1]);
+  await loadList();
+  if (state.selected) select(state.selected);
+  connect();
+}
+
+start().catch((err) => {
+  if (err.message !== "signed out") $("detail-body").replaceChildren(el("p", { class: "notice error" }, err.message));
+});

@@ -1,0 +1,196 @@
+//! `countersign demo`: a working dashboard in one command.
+
+use std::collections::BTreeMap;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use clap::Args;
+use countersign_core::{Channel, DecisionInput, NewRequest, Principal, Role, Verdict};
+use countersign_server::Decider;
+
+use crate::config::Config;
+use crate::runtime;
+
+#[derive(Debug, Args)]
+pub struct DemoArgs {
+    /// Address to serve on (default 127.0.0.1:8787).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<String>,
+    /// Only fill the data directory; do not start the server.
+    #[arg(long)]
+    pub no_serve: bool,
+}
+
+fn details(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+fn ask(description: &str, pairs: &[(&str, &str)], hours: f64) -> NewRequest {
+    NewRequest {
+        description: description.into(),
+        details: details(pairs),
+        timeout_hours: Some(hours),
+        ..NewRequest::default()
+    }
+}
+
+pub async fn run(config: &Config, args: &DemoArgs) -> anyhow::Result<ExitCode> {
+    if config.database_path().exists() {
+        bail!(
+            "{} already has a database; the demo fills a fresh data directory (try --data-dir /tmp/countersign-demo)",
+            config.data_dir.display()
+        );
+    }
+    let gate = runtime::open(config).await?;
+    let admin = runtime::local_admin();
+    let mut password = [0u8; 12];
+    getrandom::fill(&mut password).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    let password = hex::encode(password);
+    let (_, invite) = gate
+        .accounts()
+        .invite("demo", Some("Dana Demo"), Role::Admin, &admin, 3600)
+        .await?;
+    gate.accounts()
+        .accept(&invite, None, None, &password)
+        .await?;
+
+    let deploy = Principal::from_token("deploy-bot", Role::Agent);
+    let finance = Principal::from_token("finance-agent", Role::Agent);
+    let support = Principal::from_token("support-agent", Role::Agent);
+    for name in ["deploy-bot", "finance-agent", "support-agent"] {
+        gate.create_token(name, Role::Agent, &admin).await?;
+    }
+    let approver = Decider::new(Principal::from_token("ops-lead", Role::Approver))?;
+
+    // Waiting for a decision.
+    let mut pay = ask(
+        "Transfer GBP 12,450 to Globex Corp for invoice INV-2341",
+        &[
+            ("vendor", "Globex Corp"),
+            ("amount", "12450.00"),
+            ("currency", "GBP"),
+            ("invoice_ref", "INV-2341"),
+            ("iban", "GB82 WEST 1234 5698 7654 32"),
+        ],
+        4.0,
+    );
+    pay.requested_fields = vec!["po_number".into()];
+    gate.request_approval(&finance, pay).await?;
+    gate.request_approval(
+        &deploy,
+        ask(
+            "Deploy web v2.14.0 to production",
+            &[
+                ("service", "web"),
+                ("version", "v2.14.0"),
+                ("environment", "production"),
+                ("change", "CHG-1182"),
+            ],
+            1.0,
+        ),
+    )
+    .await?;
+    gate.request_approval(
+        &support,
+        ask(
+            "Email 3,200 customers about the billing change",
+            &[
+                ("template", "billing-change-2026-12"),
+                ("audience", "active customers, EU"),
+                ("recipients", "3200"),
+            ],
+            24.0,
+        ),
+    )
+    .await?;
+    let mut soon = ask(
+        "Delete the staging database snapshot from 2026-10-01",
+        &[("database", "staging-pg"), ("snapshot", "snap-2026-10-01")],
+        1.0,
+    );
+    soon.timeout_hours = None;
+    soon.timeout_seconds = Some(600);
+    gate.request_approval(&deploy, soon).await?;
+
+    // Decided ones, for the history.
+    let refund = gate
+        .request_approval(
+            &support,
+            ask(
+                "Refund order 88123 (EUR 49.90)",
+                &[("order", "88123"), ("amount", "49.90"), ("currency", "EUR")],
+                24.0,
+            ),
+        )
+        .await?
+        .request;
+    gate.decide(
+        &approver,
+        &refund.id,
+        Verdict::Approved,
+        DecisionInput {
+            comment: Some("Customer was double charged".into()),
+            fields: BTreeMap::new(),
+        },
+        Channel::Api,
+    )
+    .await?;
+    gate.record_action(
+        &support,
+        &refund.id,
+        "payments.refund".into(),
+        details(&[("psp_ref", "re_3Kd9")]),
+    )
+    .await?;
+    let rotate = gate
+        .request_approval(
+            &deploy,
+            ask(
+                "Rotate the production database password",
+                &[("database", "prod-pg"), ("window", "now")],
+                24.0,
+            ),
+        )
+        .await?
+        .request;
+    gate.decide(
+        &approver,
+        &rotate.id,
+        Verdict::Rejected,
+        DecisionInput {
+            comment: Some("Wait for the maintenance window on Saturday".into()),
+            fields: BTreeMap::new(),
+        },
+        Channel::Api,
+    )
+    .await?;
+    let stale = gate
+        .request_approval(
+            &finance,
+            ask(
+                "Pay contractor invoice C-77 (USD 3,100)",
+                &[("amount", "3100.00"), ("currency", "USD")],
+                24.0,
+            ),
+        )
+        .await?
+        .request;
+    gate.cancel(&finance, &stale.id).await?;
+    gate.log().integrate().await?;
+
+    eprintln!("demo data written to {}", config.data_dir.display());
+    eprintln!("sign in as:  demo / {password}");
+    if args.no_serve {
+        eprintln!(
+            "start it with: countersign serve --data-dir {}",
+            config.data_dir.display()
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    drop(gate);
+    eprintln!("open {} in a browser", config.public_url);
+    crate::cmd::serve::run(config).await
+}
