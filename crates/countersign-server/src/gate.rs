@@ -149,8 +149,10 @@ impl Gate {
         &self.settings
     }
 
-    pub fn jwks(&self) -> Jwks {
-        self.keys.jwks()
+    /// Every key that may have signed here (this process's and every one published in
+    /// the database), as served at `/.well-known/jwks.json`.
+    pub async fn jwks(&self) -> Result<Jwks, GateError> {
+        Ok(crate::keyring::published_jwks(&*self.store, &self.keys).await?)
     }
 
     /// Creates a pending request, or returns the earlier one for a retried idempotency key.
@@ -362,7 +364,7 @@ impl Gate {
             expected_action: action,
             used,
         };
-        let mut report = proof::verify(envelope, &self.keys.jwks(), &options);
+        let mut report = proof::verify(envelope, &self.jwks().await?, &options);
         if report
             .reasons
             .iter()
@@ -370,7 +372,7 @@ impl Gate {
         {
             // Another process may have rotated the key since we loaded it.
             if self.keys.reload().is_ok() {
-                report = proof::verify(envelope, &self.keys.jwks(), &options);
+                report = proof::verify(envelope, &self.jwks().await?, &options);
             }
         }
         Ok(report)
@@ -629,6 +631,7 @@ impl Gate {
             .keys
             .rotate(self.clock.now())
             .map_err(|e| GateError::Store(StoreError::Backend(e.to_string())))?;
+        crate::keyring::publish(&*self.store, &self.keys).await?;
         let event = Event::system(
             EventKind::KeyRotated,
             self.clock.now(),
@@ -641,8 +644,11 @@ impl Gate {
     }
 
     /// Verifies a bundle against this server's published keys.
-    pub fn verify_evidence(&self, zip: &[u8]) -> BundleReport {
-        countersign_core::bundle::verify(zip, Some(&self.keys.jwks()))
+    pub async fn verify_evidence(&self, zip: &[u8]) -> Result<BundleReport, GateError> {
+        Ok(countersign_core::bundle::verify(
+            zip,
+            Some(&self.jwks().await?),
+        ))
     }
 
     pub fn limits(&self) -> &Limits {

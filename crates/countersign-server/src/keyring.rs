@@ -16,6 +16,7 @@ use std::sync::{Arc, RwLock};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use countersign_core::{Jwk, Jwks, Signer, Timestamp};
+use countersign_store::{Store, StoreError};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
@@ -152,6 +153,35 @@ impl KeyRing {
         }
         Ok(())
     }
+}
+
+/// The settings key under which an instance publishes a public key in the database.
+const PUBLISHED: &str = "jwk:";
+
+/// Publishes the active key in the database, so every process and instance sharing it
+/// serves it in the JWKS, even one that was (mis)configured with a key of its own.
+pub async fn publish(store: &dyn Store, keys: &KeyRing) -> Result<(), StoreError> {
+    let jwk = keys.signer().jwk();
+    let json = serde_json::to_string(&jwk).map_err(|e| StoreError::Backend(e.to_string()))?;
+    store
+        .meta_set_once(&format!("{PUBLISHED}{}", jwk.kid), &json)
+        .await?;
+    Ok(())
+}
+
+/// Every key that ever signed here: this process's keys and every key published in the
+/// database (by other instances, or before a rotation).
+pub async fn published_jwks(store: &dyn Store, keys: &KeyRing) -> Result<Jwks, StoreError> {
+    let mut jwks = keys.jwks();
+    for (_, json) in store.meta_list(PUBLISHED).await? {
+        if let Ok(jwk) = serde_json::from_str::<Jwk>(&json)
+            && jwk.kid == countersign_core::keys::thumbprint(&jwk.x)
+            && jwks.find(&jwk.kid).is_none()
+        {
+            jwks.keys.push(jwk);
+        }
+    }
+    Ok(jwks)
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> KeyError + '_ {

@@ -315,7 +315,7 @@ impl TransparencyLog {
             log_origin: self.origin.clone(),
             checkpoint_note: checkpoint.note,
             tree_size: checkpoint.size,
-            jwks: self.keys.jwks(),
+            jwks: crate::keyring::published_jwks(&*self.store, &self.keys).await?,
             entries,
             decisions,
         })

@@ -472,7 +472,8 @@ impl McpService {
                     "bundle_base64 is not standard base64: {e}"
                 )))
             })?;
-        Ok(Json(self.gate.verify_evidence(&zip).into()))
+        let report = self.gate.verify_evidence(&zip).await.map_err(tool_error)?;
+        Ok(Json(report.into()))
     }
 }
 

@@ -153,14 +153,14 @@ async fn healthz(State(state): State<AppState>) -> Response {
     }
 }
 
-async fn jwks(State(state): State<AppState>) -> Response {
+async fn jwks(State(state): State<AppState>) -> Result<Response, ApiError> {
     // Another process may have rotated the key; the JWKS must include it.
     let _ = state.gate.keys().reload();
-    (
+    Ok((
         [(http::header::CACHE_CONTROL, "public, max-age=300")],
-        Json(state.gate.jwks()),
+        Json(state.gate.jwks().await?),
     )
-        .into_response()
+        .into_response())
 }
 
 async fn create_request(
@@ -469,7 +469,25 @@ async fn verify_evidence(
     AnyAuth(_who): AnyAuth,
     body: axum::body::Bytes,
 ) -> Json<crate::views::BundleReportView> {
-    Json(state.gate.verify_evidence(&body).into())
+    Json(match state.gate.verify_evidence(&body).await {
+        Ok(report) => report.into(),
+        Err(err) => {
+            tracing::error!(%err, "could not read the published keys");
+            crate::views::BundleReportView {
+                valid: false,
+                reasons: vec![format!(
+                    "the server could not read its keys: {}",
+                    err.public_message()
+                )],
+                subject: None,
+                mode: None,
+                log_origin: None,
+                tree_size: None,
+                events: Vec::new(),
+                decisions: 0,
+            }
+        }
+    })
 }
 
 #[derive(Debug, Deserialize)]
@@ -492,11 +510,15 @@ async fn log_checkpoint(
         .into_response())
 }
 
-async fn log_key(State(state): State<AppState>, AnyAuth(_who): AnyAuth) -> Json<serde_json::Value> {
+async fn log_key(
+    State(state): State<AppState>,
+    AnyAuth(_who): AnyAuth,
+) -> Result<Json<serde_json::Value>, ApiError> {
     let origin = state.gate.log().origin().to_string();
     let keys: Vec<serde_json::Value> = state
         .gate
         .jwks()
+        .await?
         .keys
         .iter()
         .map(|jwk| {
@@ -506,7 +528,7 @@ async fn log_key(State(state): State<AppState>, AnyAuth(_who): AnyAuth) -> Json<
             })
         })
         .collect();
-    Json(serde_json::json!({"origin": origin, "keys": keys}))
+    Ok(Json(serde_json::json!({"origin": origin, "keys": keys})))
 }
 
 async fn log_entry(

@@ -38,6 +38,63 @@ pub struct Config {
     pub public_url: String,
     /// How long a dashboard session lasts.
     pub session_hours: u64,
+    /// Where the data lives: the embedded SQLite file, or a PostgreSQL database shared
+    /// by several instances.
+    pub database: Database,
+    /// The signing keys' directory (default: `keys/` in the data directory). Several
+    /// instances on one database share one key: point them all at the same keys.
+    pub keys_dir: PathBuf,
+}
+
+/// The storage backend, from `database_url`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Database {
+    Sqlite(PathBuf),
+    Postgres(String),
+}
+
+impl Database {
+    /// Parses `sqlite://PATH` (relative paths are relative to the working directory,
+    /// `sqlite:///abs/path` is absolute) or `postgres://...` / `postgresql://...`.
+    pub fn parse(url: &str) -> anyhow::Result<Self> {
+        if let Some(path) = url.strip_prefix("sqlite://") {
+            if path.is_empty() {
+                bail!(
+                    "database_url {url:?} names no file (e.g. sqlite:///var/lib/countersign/countersign.db)"
+                );
+            }
+            return Ok(Database::Sqlite(PathBuf::from(path)));
+        }
+        if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            return Ok(Database::Postgres(url.to_string()));
+        }
+        bail!(
+            "database_url must start with sqlite:// or postgres:// (got {})",
+            redact(url)
+        )
+    }
+
+    /// A description without any password, for messages.
+    pub fn describe(&self) -> String {
+        match self {
+            Database::Sqlite(path) => format!("SQLite {}", path.display()),
+            Database::Postgres(url) => format!("PostgreSQL {}", redact(url)),
+        }
+    }
+}
+
+/// The URL with any password replaced by `***`.
+pub fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let userinfo = &url[scheme + 3..at];
+            match userinfo.split_once(':') {
+                Some((user, _)) => format!("{}{user}:***{}", &url[..scheme + 3], &url[at..]),
+                None => url.to_string(),
+            }
+        }
+        _ => url.to_string(),
+    }
 }
 
 /// The config file's shape.
@@ -52,6 +109,8 @@ struct FileConfig {
     feed_poll_ms: Option<u64>,
     public_url: Option<String>,
     session_hours: Option<u64>,
+    database_url: Option<String>,
+    keys_dir: Option<PathBuf>,
     cli: Option<CliSection>,
     log: Option<LogSection>,
     evidence: Option<EvidenceSection>,
@@ -90,6 +149,7 @@ pub struct Overrides {
     pub config: Option<PathBuf>,
     pub data_dir: Option<PathBuf>,
     pub listen: Option<String>,
+    pub database: Option<String>,
 }
 
 const ENV_KEYS: &[&str] = &[
@@ -101,6 +161,9 @@ const ENV_KEYS: &[&str] = &[
     "COUNTERSIGN_MAX_BODY_BYTES",
     "COUNTERSIGN_FEED_POLL_MS",
     "COUNTERSIGN_PUBLIC_URL",
+    "COUNTERSIGN_DATABASE_URL",
+    "COUNTERSIGN_DATABASE_URL_FILE",
+    "COUNTERSIGN_KEYS_DIR",
     "COUNTERSIGN_LOG",
 ];
 
@@ -214,9 +277,10 @@ impl Config {
             Some(v) => v
                 .parse()
                 .with_context(|| format!("COUNTERSIGN_FEED_POLL_MS={v:?} is not a number"))?,
-            None => file.feed_poll_ms.unwrap_or(50),
+            // 0: not set; the default depends on the database (below).
+            None => file.feed_poll_ms.unwrap_or(0),
         };
-        if !(5..=1000).contains(&feed_poll_ms) {
+        if feed_poll_ms != 0 && !(5..=1000).contains(&feed_poll_ms) {
             bail!("feed_poll_ms must be between 5 and 1000 (it bounds cross-process wake-up)");
         }
         if let Some(origin) = file.log.as_ref().and_then(|l| l.origin.as_deref())
@@ -245,10 +309,45 @@ impl Config {
             bail!("public_url {public_url:?} must start with http:// or https://");
         }
         let session_hours = file.session_hours.unwrap_or(12);
+        // The URL may carry a password: also readable from a file (a mounted secret).
+        let database_url = match (
+            overrides.database.clone(),
+            env("COUNTERSIGN_DATABASE_URL"),
+            env("COUNTERSIGN_DATABASE_URL_FILE"),
+        ) {
+            (Some(url), _, _) => Some(url),
+            (None, Some(url), _) => Some(url),
+            (None, None, Some(path)) => Some(
+                std::fs::read_to_string(&path)
+                    .with_context(|| {
+                        format!("could not read COUNTERSIGN_DATABASE_URL_FILE {path}")
+                    })?
+                    .trim()
+                    .to_string(),
+            ),
+            (None, None, None) => file.database_url.clone(),
+        };
+        let database = match database_url {
+            Some(url) => Database::parse(&url)?,
+            None => Database::Sqlite(data_dir.join("countersign.db")),
+        };
+        // SQLite processes learn of each other's writes by polling; PostgreSQL instances
+        // are told at once (NOTIFY), and the poll only covers a lost notification.
+        let feed_poll_ms = match (feed_poll_ms, &database) {
+            (0, Database::Sqlite(_)) => 50,
+            (0, Database::Postgres(_)) => 1000,
+            (set, _) => set,
+        };
+        let keys_dir = env("COUNTERSIGN_KEYS_DIR")
+            .map(PathBuf::from)
+            .or(file.keys_dir)
+            .unwrap_or_else(|| data_dir.join("keys"));
         if !(1..=24 * 30).contains(&session_hours) {
             bail!("session_hours must be between 1 and 720");
         }
         Ok(Self {
+            database,
+            keys_dir,
             public_url: public_url.trim_end_matches('/').to_string(),
             session_hours,
             log_origin: file.log.and_then(|l| l.origin),
@@ -271,12 +370,16 @@ impl Config {
         })
     }
 
+    /// The SQLite file, when the data lives in one.
     pub fn database_path(&self) -> PathBuf {
-        self.data_dir.join("countersign.db")
+        match &self.database {
+            Database::Sqlite(path) => path.clone(),
+            Database::Postgres(_) => self.data_dir.join("countersign.db"),
+        }
     }
 
     pub fn keys_dir(&self) -> PathBuf {
-        self.data_dir.join("keys")
+        self.keys_dir.clone()
     }
 }
 

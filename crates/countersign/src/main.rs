@@ -30,6 +30,10 @@ struct GlobalArgs {
     /// Also COUNTERSIGN_CONFIG.
     #[arg(long, global = true, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Database URL: postgres://... for several instances, sqlite://PATH for the embedded
+    /// default. Also COUNTERSIGN_DATABASE_URL (or COUNTERSIGN_DATABASE_URL_FILE).
+    #[arg(long, global = true, value_name = "URL")]
+    database: Option<String>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -64,6 +68,11 @@ enum Command {
     /// Inspect and verify the transparency log.
     #[command(subcommand)]
     Log(cmd::log::LogCommand),
+    /// Bring the database's schema up to date (serve and mcp also do it on start).
+    Migrate,
+    /// Copy an installation into a fresh database (e.g. SQLite to PostgreSQL), log,
+    /// proofs, requests, tokens and accounts intact.
+    MigrateData(cmd::migrate::MigrateDataArgs),
     /// Check the data directory, database, key and listening address.
     Doctor(cmd::doctor::DoctorArgs),
 }
@@ -73,6 +82,7 @@ fn main() -> ExitCode {
     let overrides = Overrides {
         config: cli.global.config.clone(),
         data_dir: cli.global.data_dir.clone(),
+        database: cli.global.database.clone(),
         listen: match &cli.command {
             Command::Serve(args) => args.listen.clone(),
             Command::Doctor(args) => args.listen.clone(),

@@ -8,11 +8,12 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use countersign_core::evidence::Reviewer;
 use countersign_core::{Clock, Limits, Principal, Role, SystemClock};
+use countersign_postgres::PostgresStore;
 use countersign_server::{Gate, KeyRing, Settings, TransparencyLog};
 use countersign_sqlite::SqliteStore;
 use countersign_store::{ChangeFeed, Store};
 
-use crate::config::Config;
+use crate::config::{Config, Database};
 
 /// Creates the data directory (mode 0700) if needed, then opens the store and the keys.
 pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
@@ -28,10 +29,10 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
     let clock: Arc<dyn Clock> = Arc::new(SystemClock);
     let keys = KeyRing::open_or_create(&config.keys_dir(), clock.now())
         .context("could not load the signing key")?;
-    let store: Arc<dyn Store> = Arc::new(
-        SqliteStore::open(&config.database_path())
-            .with_context(|| format!("could not open {}", config.database_path().display()))?,
-    );
+    let store = open_store(config).await?;
+    countersign_server::keyring::publish(&*store, &keys)
+        .await
+        .context("could not publish the signing key")?;
     let feed = ChangeFeed::start(store.clone(), Duration::from_millis(config.feed_poll_ms))
         .await
         .context("could not read the event log")?;
@@ -60,6 +61,21 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
         Arc::new(log),
         settings,
     )?))
+}
+
+/// Opens (and migrates) the configured database.
+pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
+    Ok(match &config.database {
+        Database::Sqlite(path) => Arc::new(
+            SqliteStore::open(path)
+                .with_context(|| format!("could not open {}", path.display()))?,
+        ),
+        Database::Postgres(url) => Arc::new(
+            PostgresStore::connect(url)
+                .await
+                .with_context(|| format!("could not open {}", config.database.describe()))?,
+        ),
+    })
 }
 
 /// `countersign/<12 random hex digits>`: unique to this installation, fixed forever once

@@ -4,10 +4,13 @@ use std::process::ExitCode;
 
 use clap::Args;
 use countersign_server::KeyRing;
+use std::sync::Arc;
+
+use countersign_postgres::PostgresStore;
 use countersign_sqlite::SqliteStore;
 use countersign_store::Store;
 
-use crate::config::Config;
+use crate::config::{Config, Database};
 
 #[derive(Debug, Args)]
 pub struct DoctorArgs {
@@ -66,28 +69,70 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         Err(e) => r.fail(&format!("cannot read {}: {e}", dir.display())),
     }
 
-    let db = config.database_path();
-    if !db.exists() {
-        r.fail(&format!(
-            "no database at {} yet; start countersign once",
-            db.display()
-        ));
-    } else {
-        match SqliteStore::open(&db) {
-            Ok(store) => match store.check().await {
-                Ok(()) => {
-                    r.ok(&format!("database {} opens and answers", db.display()));
-                    match store.list_tokens().await {
-                        Ok(tokens) if tokens.iter().any(|t| t.is_active()) => {
-                            r.ok(&format!("{} active token(s)", tokens.iter().filter(|t| t.is_active()).count()))
+    let store: Option<Arc<dyn Store>> = match &config.database {
+        Database::Sqlite(db) if !db.exists() => {
+            r.fail(&format!(
+                "no database at {} yet; start countersign once",
+                db.display()
+            ));
+            None
+        }
+        Database::Sqlite(db) => match SqliteStore::open(db) {
+            Ok(store) => Some(Arc::new(store)),
+            Err(e) => {
+                r.fail(&format!("cannot open database {}: {e}", db.display()));
+                None
+            }
+        },
+        Database::Postgres(url) => {
+            match PostgresStore::connect_lazy(url, &countersign_postgres::Options::default()) {
+                Ok(store) => {
+                    match store.server_info().await {
+                        Ok(info) => {
+                            r.ok(&format!(
+                                "PostgreSQL {} at {} (schema {}, version {})",
+                                info.server_version,
+                                store.target(),
+                                info.schema,
+                                info.schema_version
+                            ));
+                            if info.synchronous_commit != "on" {
+                                r.fail(&format!(
+                                    "synchronous_commit is {}: acknowledged decisions could be lost in a crash; set it to on",
+                                    info.synchronous_commit
+                                ));
+                            }
+                            if info.read_only || info.in_recovery {
+                                r.fail("the database is read-only (a standby?): point countersign at the primary");
+                            }
                         }
-                        Ok(_) => r.warn("no active tokens: HTTP clients cannot authenticate (countersign token create --role agent --name NAME)"),
-                        Err(e) => r.fail(&format!("cannot read tokens: {e}")),
+                        Err(e) => r.fail(&format!("{}: {e}", config.database.describe())),
                     }
+                    Some(Arc::new(store))
                 }
-                Err(e) => r.fail(&format!("database {}: {e}", db.display())),
-            },
-            Err(e) => r.fail(&format!("cannot open database {}: {e}", db.display())),
+                Err(e) => {
+                    r.fail(&format!("{}: {e}", config.database.describe()));
+                    None
+                }
+            }
+        }
+    };
+    if let Some(store) = &store {
+        match store.check().await {
+            Ok(()) => {
+                r.ok(&format!(
+                    "database {} answers and is writable",
+                    config.database.describe()
+                ));
+                match store.list_tokens().await {
+                    Ok(tokens) if tokens.iter().any(|t| t.is_active()) => {
+                        r.ok(&format!("{} active token(s)", tokens.iter().filter(|t| t.is_active()).count()))
+                    }
+                    Ok(_) => r.warn("no active tokens: HTTP clients cannot authenticate (countersign token create --role agent --name NAME)"),
+                    Err(e) => r.fail(&format!("cannot read tokens: {e}")),
+                }
+            }
+            Err(e) => r.fail(&format!("database {}: {e}", config.database.describe())),
         }
     }
 

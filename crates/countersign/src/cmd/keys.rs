@@ -32,7 +32,12 @@ pub async fn run(config: &Config, command: KeysCommand) -> anyhow::Result<ExitCo
                     config.keys_dir().display()
                 )
             })?;
-            println!("{}", serde_json::to_string_pretty(&keys.jwks())?);
+            // With a database, every key published there too (other instances, rotations).
+            let jwks = match crate::runtime::open_store(config).await {
+                Ok(store) => countersign_server::keyring::published_jwks(&*store, &keys).await?,
+                Err(_) => keys.jwks(),
+            };
+            println!("{}", serde_json::to_string_pretty(&jwks)?);
         }
     }
     Ok(ExitCode::SUCCESS)

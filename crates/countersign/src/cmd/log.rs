@@ -13,8 +13,6 @@ use countersign_core::logcheck::LogVerifier;
 use countersign_core::merkle;
 use countersign_server::KeyRing;
 use countersign_server::views::parse_mode;
-use countersign_sqlite::SqliteStore;
-use countersign_store::Store;
 
 use crate::config::Config;
 use crate::runtime;
@@ -141,16 +139,18 @@ pub async fn run(config: &Config, command: LogCommand) -> anyhow::Result<ExitCod
 /// Recomputes everything from the entries alone.
 async fn verify_log(config: &Config) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
-    let db = config.database_path();
-    if !db.exists() {
+    if let crate::config::Database::Sqlite(db) = &config.database
+        && !db.exists()
+    {
         bail!("no database at {}", db.display());
     }
-    let store = SqliteStore::open(&db)?;
+    let store = runtime::open_store(config).await?;
     let keys = KeyRing::open_existing(&config.keys_dir())?;
+    let jwks = countersign_server::keyring::published_jwks(&*store, &keys).await?;
     let origin = store.log_origin("").await?;
     let checkpoints = store.checkpoints().await?;
     let notes: Vec<String> = checkpoints.iter().map(|c| c.note.clone()).collect();
-    let mut verifier = LogVerifier::new(&notes, &keys.jwks(), &origin);
+    let mut verifier = LogVerifier::new(&notes, &jwks, &origin);
     let mut problems = Vec::new();
     let mut cursor = 0;
     loop {
@@ -229,7 +229,7 @@ async fn consistency(
             b.origin
         );
     }
-    let store = SqliteStore::open(&config.database_path())?;
+    let store = runtime::open_store(config).await?;
     let ids = merkle::consistency_nodes(a.size, b.size)?;
     let nodes = store.log_nodes(&ids).await?;
     let proof = merkle::consistency_proof(a.size, b.size, &mut |id| nodes.get(&id).copied())?;

@@ -7,6 +7,7 @@ pub mod doctor;
 pub mod keys;
 pub mod log;
 pub mod mcp;
+pub mod migrate;
 pub mod serve;
 pub mod token;
 pub mod user;
@@ -47,6 +48,8 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
         Command::VerifyBundle(args) => log::verify_bundle(&config, &args).await,
         Command::Log(command) => log::run(&config, command).await,
         Command::Doctor(_) => doctor::run(&config).await,
+        Command::Migrate => migrate::migrate(&config).await,
+        Command::MigrateData(args) => migrate::migrate_data(&config, &args).await,
     }
 }
 

@@ -7,8 +7,6 @@ use clap::Args;
 use countersign_core::proof::{self, VerifyOptions};
 use countersign_core::{Action, Envelope, Jwks, Timestamp};
 use countersign_server::KeyRing;
-use countersign_sqlite::SqliteStore;
-use countersign_store::Store;
 use serde_json::Value;
 
 use crate::config::Config;
@@ -147,12 +145,12 @@ async fn local_use(
     let Some(statement) = envelope.unverified_statement() else {
         return Ok(None);
     };
-    let db = config.database_path();
-    if !db.exists() {
+    if let crate::config::Database::Sqlite(db) = &config.database
+        && !db.exists()
+    {
         return Ok(None);
     }
-    let store =
-        SqliteStore::open(&db).with_context(|| format!("could not open {}", db.display()))?;
+    let store = crate::runtime::open_store(config).await?;
     let request = store.get_request(&statement.request_id).await?;
     Ok(request
         .filter(|r| r.action_digest == statement.action_digest)
