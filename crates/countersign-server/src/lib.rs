@@ -9,6 +9,7 @@ pub mod guard;
 pub mod keyring;
 pub mod log;
 pub mod mcp;
+pub mod notify;
 pub mod rest;
 pub mod ui;
 pub mod views;

@@ -121,6 +121,7 @@ pub fn api_routes() -> Router<AppState> {
         .route("/decisions", post(record_decision))
         .route("/evidence/{subject}", get(get_evidence))
         .route("/evidence/verify", post(verify_evidence))
+        .route("/deliveries", get(deliveries))
         .route("/log/checkpoint", get(log_checkpoint))
         .route("/log/key", get(log_key))
         .route("/log/entries/{index}", get(log_entry))
@@ -593,4 +594,39 @@ async fn consistency_proof(
         "second": params.second,
         "path": path.iter().map(|h| engine.encode(h)).collect::<Vec<_>>(),
     })))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct DeliveryParams {
+    limit: Option<usize>,
+}
+
+/// Notification deliveries (webhooks, Slack, email), newest first: admins only.
+async fn deliveries(
+    State(state): State<AppState>,
+    AdminAuth(_admin): AdminAuth,
+    ApiQuery(params): ApiQuery<DeliveryParams>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let limit = params.limit.unwrap_or(100).clamp(1, 1000);
+    let history = crate::notify::history(state.gate.store(), limit).await?;
+    let views: Vec<serde_json::Value> = history
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "id": d.id,
+                "message_id": d.message_id,
+                "event_type": d.event_type,
+                "subject": d.subject,
+                "channel": d.channel.label(),
+                "status": d.status,
+                "attempts": d.attempts,
+                "last_error": d.last_error,
+                "created_at": d.created_at.to_string(),
+                "next_at": d.next_at.to_string(),
+                "finished_at": d.finished_at.map(|t| t.to_string()),
+            })
+        })
+        .collect();
+    Ok(Json(serde_json::json!({"deliveries": views})))
 }

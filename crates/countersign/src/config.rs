@@ -44,6 +44,8 @@ pub struct Config {
     /// The signing keys' directory (default: `keys/` in the data directory). Several
     /// instances on one database share one key: point them all at the same keys.
     pub keys_dir: PathBuf,
+    /// Slack, email, webhooks, reminders.
+    pub notify: countersign_server::notify::NotifyConfig,
 }
 
 /// The storage backend, from `database_url`.
@@ -115,6 +117,119 @@ struct FileConfig {
     log: Option<LogSection>,
     evidence: Option<EvidenceSection>,
     review: Option<ReviewSection>,
+    #[serde(default)]
+    webhooks: Vec<WebhookSection>,
+    notify: Option<NotifySection>,
+    reminders: Option<RemindersSection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct WebhookSection {
+    name: String,
+    url: String,
+    secret: Option<String>,
+    secret_file: Option<PathBuf>,
+    #[serde(default)]
+    events: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NotifySection {
+    #[serde(default)]
+    default_routes: Vec<String>,
+    max_attempts: Option<u32>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemindersSection {
+    after_minutes: u64,
+    escalate_after_minutes: Option<u64>,
+    #[serde(default)]
+    escalate_to: Vec<String>,
+}
+
+/// A secret given inline or in a file (a mounted secret); exactly one.
+fn secret(what: &str, inline: Option<String>, file: Option<PathBuf>) -> anyhow::Result<String> {
+    match (inline, file) {
+        (Some(value), None) => Ok(value),
+        (None, Some(path)) => Ok(std::fs::read_to_string(&path)
+            .with_context(|| format!("could not read {what} from {}", path.display()))?
+            .trim()
+            .to_string()),
+        (Some(_), Some(_)) => bail!("{what}: give the secret or a file holding it, not both"),
+        (None, None) => bail!("{what}: a secret is required (or a *_file holding it)"),
+    }
+}
+
+const EVENT_TYPES: &[&str] = &[
+    "request.created",
+    "request.decided",
+    "request.timed_out",
+    "request.cancelled",
+    "action.recorded",
+    "outcome.recorded",
+];
+
+fn notify_config(
+    webhooks: Vec<WebhookSection>,
+    notify: Option<NotifySection>,
+    reminders: Option<RemindersSection>,
+) -> anyhow::Result<countersign_server::notify::NotifyConfig> {
+    use countersign_server::notify::{NotifyConfig, ReminderConfig, Route, WebhookConfig};
+    let mut out = NotifyConfig::default();
+    for w in webhooks {
+        let what = format!("webhook {:?}", w.name);
+        if !(w.url.starts_with("https://") || w.url.starts_with("http://")) {
+            bail!(
+                "{what}: url {:?} must start with https:// (or http://)",
+                w.url
+            );
+        }
+        for e in &w.events {
+            if !EVENT_TYPES.contains(&e.as_str()) {
+                bail!(
+                    "{what}: unknown event {e:?}; events are {}",
+                    EVENT_TYPES.join(", ")
+                );
+            }
+        }
+        let secret = secret(&what, w.secret, w.secret_file)?;
+        countersign_server::notify::webhook::key(&secret)
+            .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        if out.webhooks.iter().any(|x| x.name == w.name) {
+            bail!("{what} is configured twice");
+        }
+        out.webhooks.push(WebhookConfig {
+            name: w.name,
+            url: w.url,
+            secret,
+            events: w.events,
+        });
+    }
+    let parse_routes = |routes: Vec<String>| -> anyhow::Result<Vec<Route>> {
+        routes
+            .iter()
+            .map(|r| r.parse::<Route>().map_err(|e| anyhow::anyhow!(e)))
+            .collect()
+    };
+    if let Some(n) = notify {
+        out.default_routes = parse_routes(n.default_routes)?;
+        out.max_attempts = n.max_attempts.unwrap_or(0);
+    }
+    if let Some(r) = reminders {
+        if r.after_minutes == 0 {
+            bail!("[reminders] after_minutes must be at least 1");
+        }
+        out.reminders = Some(ReminderConfig {
+            after_seconds: r.after_minutes * 60,
+            escalate_after_seconds: r.escalate_after_minutes.map(|m| m * 60),
+            escalate_to: parse_routes(r.escalate_to)?,
+        });
+    }
+    Ok(out)
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -345,7 +460,9 @@ impl Config {
         if !(1..=24 * 30).contains(&session_hours) {
             bail!("session_hours must be between 1 and 720");
         }
+        let notify = notify_config(file.webhooks, file.notify, file.reminders)?;
         Ok(Self {
+            notify,
             database,
             keys_dir,
             public_url: public_url.trim_end_matches('/').to_string(),

@@ -3,7 +3,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
+use std::sync::Arc;
+
 use countersign_server::HttpConfig;
+use countersign_server::notify::Notifier;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -53,6 +56,10 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
             .clone()
             .run(gate.feed().clone(), shutdown.clone()),
     );
+    if !config.notify.is_empty() || config.notify.reminders.is_some() {
+        let notifier = Arc::new(Notifier::new(gate.clone(), config.notify.clone())?);
+        tokio::spawn(notifier.run(gate.feed().clone(), shutdown.clone()));
+    }
 
     eprintln!(
         "countersign {} listening on http://{addr} (data directory {}, signing key {})",
