@@ -140,6 +140,7 @@ struct NotifySection {
     #[serde(default)]
     default_routes: Vec<String>,
     max_attempts: Option<u32>,
+    lease_seconds: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -218,6 +219,10 @@ fn notify_config(
     if let Some(n) = notify {
         out.default_routes = parse_routes(n.default_routes)?;
         out.max_attempts = n.max_attempts.unwrap_or(0);
+        if n.lease_seconds == Some(0) {
+            bail!("[notify] lease_seconds must be at least 1");
+        }
+        out.lease_seconds = n.lease_seconds.unwrap_or(0);
     }
     if let Some(r) = reminders {
         if r.after_minutes == 0 {

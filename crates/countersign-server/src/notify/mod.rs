@@ -95,6 +95,10 @@ pub struct NotifyConfig {
     pub reminders: Option<ReminderConfig>,
     /// How often a failed delivery is retried before it is given up.
     pub max_attempts: u32,
+    /// How long a claimed delivery is left to its sender before another process may
+    /// send it again (0: the default, 60 s). A send is cut off after this long (at most
+    /// 10 s), so a live sender never outlasts its lease.
+    pub lease_seconds: u64,
 }
 
 impl NotifyConfig {
@@ -163,8 +167,13 @@ pub(crate) const PENDING: &str = "delivery.pending";
 pub(crate) const DONE: &str = "delivery.done";
 const CURSOR_KIND: &str = "outbox";
 const CURSOR_ID: &str = "cursor";
-/// How long a claimed delivery is left to its sender before another may take it.
+/// How long a claimed delivery is left to its sender before another may take it, unless
+/// configured otherwise.
 const LEASE_SECONDS: u64 = 60;
+/// The longest one send may take.
+const SEND_TIMEOUT_SECONDS: u64 = 10;
+/// How many pending deliveries one pass looks at (as many as the history lists).
+const PENDING_SCAN_LIMIT: usize = 100_000;
 
 /// What a transport reports after trying to send.
 pub type SendResult = Result<Option<serde_json::Value>, String>;
@@ -205,8 +214,13 @@ impl Notifier {
         if config.max_attempts == 0 {
             config.max_attempts = 12;
         }
+        if config.lease_seconds == 0 {
+            config.lease_seconds = LEASE_SECONDS;
+        }
         let http = reqwest::Client::builder()
-            .timeout(Duration::from_secs(10))
+            .timeout(Duration::from_secs(
+                SEND_TIMEOUT_SECONDS.min(config.lease_seconds),
+            ))
             .build()
             .map_err(|e| GateError::Store(StoreError::Backend(format!("HTTP client: {e}"))))?;
         Ok(Self { gate, config, http })
@@ -306,14 +320,20 @@ impl Notifier {
     pub async fn send_due(&self) -> Result<usize, GateError> {
         let now = self.now();
         let mut sent = 0;
-        for doc in self.store().doc_list(PENDING, "", 500).await? {
+        // Every pending delivery, not the first few hundred by id: those can all be
+        // waiting for a retry (a dead endpoint), and a cut-off would starve the rest.
+        for doc in self
+            .store()
+            .doc_list(PENDING, "", PENDING_SCAN_LIMIT)
+            .await?
+        {
             let delivery = delivery_of(&doc)?;
             if delivery.next_at > now || delivery.lease_until.is_some_and(|l| l > now) {
                 continue;
             }
             // Claim it: only one process wins the version.
             let mut claimed = delivery.clone();
-            claimed.lease_until = Some(now.plus_seconds(LEASE_SECONDS));
+            claimed.lease_until = Some(now.plus_seconds(self.config.lease_seconds));
             claimed.attempts += 1;
             match self
                 .store()
