@@ -35,6 +35,15 @@ AGENT_TOOLS = {
     "record_outcome",
     "get_evidence",
     "verify_evidence",
+    "post_message",
+    "read_messages",
+    "wait_for_message",
+    "join_room",
+    "leave_room",
+    "set_presence",
+    "wait_for_feedback",
+    "report_blocker",
+    "wait_for_resolution",
 }
 OPERATOR_TOOLS = {"list_pending_approvals", "approve", "reject"}
 

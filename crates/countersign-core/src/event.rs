@@ -38,6 +38,18 @@ pub enum EventKind {
     UserCreated,
     UserActivated,
     UserDisabled,
+    RoomCreated,
+    RoomRenamed,
+    RoomDeleted,
+    RoomRestored,
+    RoomPurged,
+    MemberJoined,
+    MemberLeft,
+    MemberKicked,
+    PresenceSet,
+    MessagePosted,
+    QuestionAnswered,
+    BlockerResolved,
 }
 
 impl EventKind {
@@ -57,6 +69,18 @@ impl EventKind {
             EventKind::UserCreated => "user_created",
             EventKind::UserActivated => "user_activated",
             EventKind::UserDisabled => "user_disabled",
+            EventKind::RoomCreated => "room_created",
+            EventKind::RoomRenamed => "room_renamed",
+            EventKind::RoomDeleted => "room_deleted",
+            EventKind::RoomRestored => "room_restored",
+            EventKind::RoomPurged => "room_purged",
+            EventKind::MemberJoined => "member_joined",
+            EventKind::MemberLeft => "member_left",
+            EventKind::MemberKicked => "member_kicked",
+            EventKind::PresenceSet => "presence_set",
+            EventKind::MessagePosted => "message_posted",
+            EventKind::QuestionAnswered => "question_answered",
+            EventKind::BlockerResolved => "blocker_resolved",
         }
     }
 }
@@ -209,6 +233,7 @@ impl Event {
                 "expires_at": request.expires_at,
                 "valid_for_seconds": request.valid_for_seconds,
                 "requested_fields": request.requested_fields,
+                "room": request.room,
             }),
             Some(json!({
                 "action": request.action,

@@ -18,6 +18,7 @@ pub mod merkle;
 pub mod principal;
 pub mod proof;
 pub mod request;
+pub mod rooms;
 pub mod time;
 pub mod token;
 

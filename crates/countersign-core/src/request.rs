@@ -155,6 +155,8 @@ pub struct NewRequest {
     /// Structured fields the approver must fill in to approve (e.g. `po_number`); they
     /// go into the signed proof.
     pub requested_fields: Vec<String>,
+    /// A room the request is shown in, besides the approvals list.
+    pub room: Option<String>,
 }
 
 /// An approval request and everything that has happened to it.
@@ -179,6 +181,9 @@ pub struct ApprovalRequest {
     /// Fields the approver must fill in to approve.
     #[serde(default)]
     pub requested_fields: Vec<String>,
+    /// The room it is shown in.
+    #[serde(default)]
+    pub room: Option<String>,
     #[serde(default)]
     pub decision: Option<Decision>,
     /// The signed proof of the decision (approvals and rejections alike).
@@ -244,6 +249,7 @@ impl ApprovalRequest {
         let recipient_slack = optional_text("recipient_slack", new.recipient_slack, 256)?;
         let idempotency_key = optional_text("idempotency_key", new.idempotency_key, 255)?;
         let requested_fields = validate_field_names(new.requested_fields, limits)?;
+        let room = new.room.as_deref().map(crate::rooms::room_name).transpose()?;
         let request = Self {
             id,
             version: 1,
@@ -258,6 +264,7 @@ impl ApprovalRequest {
             recipient_slack,
             idempotency_key,
             requested_fields,
+            room,
             decision: None,
             proof: None,
             closed_at: None,

@@ -444,6 +444,19 @@ impl Store for PostgresStore {
         events::decode_payloads(&rows)
     }
 
+    async fn erase_payloads(&self, seqs: &[u64]) -> Result<u64, StoreError> {
+        let wanted = events::payload_seqs(seqs);
+        if wanted.is_empty() {
+            return Ok(0);
+        }
+        self.execute(
+            "erase payloads",
+            "DELETE FROM payloads WHERE seq = ANY($1::bigint[])",
+            &[&wanted],
+        )
+        .await
+    }
+
     async fn last_event_seq(&self) -> Result<u64, StoreError> {
         let row = self
             .query_one("read the last event number", events::LAST_SEQ, &[])

@@ -71,6 +71,8 @@ pub struct Settings {
     pub reviewer: Option<Reviewer>,
     /// Whether evidence bundles may include raw payloads (mode `full`).
     pub raw_payload_export: bool,
+    /// Where purged rooms' backups are written.
+    pub backup_dir: Option<std::path::PathBuf>,
     /// How long a dashboard session lasts, in seconds (0: the default, 12 hours).
     pub session_seconds: u64,
 }
@@ -117,6 +119,11 @@ impl Gate {
     /// The dashboard's accounts and sessions.
     pub fn accounts(&self) -> &Accounts {
         &self.accounts
+    }
+
+    /// Resolves when the process begins shutting down.
+    pub(crate) async fn stopping(&self) {
+        self.stopping.cancelled().await
     }
 
     /// Ends every wait in progress (each returns the request's current state, so its
@@ -170,6 +177,10 @@ impl Gate {
         {
             Created::New(request) => {
                 self.feed.poke();
+                if let Some(room) = &request.room {
+                    // Shown in its room too, so the people there see what waits.
+                    self.post_approval(who, room, &request).await?;
+                }
                 Ok(Requested {
                     request,
                     existing: false,

@@ -11,6 +11,8 @@ pub mod log;
 pub mod mcp;
 pub mod notify;
 pub mod rest;
+pub mod rooms;
+pub mod rooms_api;
 pub mod ui;
 pub mod views;
 
@@ -86,7 +88,7 @@ pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken)
         mcp_config,
     );
     let authenticated = Router::new()
-        .nest("/api/v1", rest::api_routes())
+        .nest("/api/v1", rest::api_routes().merge(rooms_api::api_routes()))
         .nest_service("/mcp", mcp)
         .layer(axum::middleware::from_fn_with_state(
             state.clone(),
@@ -95,7 +97,11 @@ pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken)
     Router::new()
         .merge(rest::public_routes())
         .merge(authenticated)
-        .merge(ui::routes().layer(axum::middleware::from_fn(ui::security_headers)))
+        .merge(
+            ui::routes()
+                .merge(rooms_api::ui_routes())
+                .layer(axum::middleware::from_fn(ui::security_headers)),
+        )
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .layer(axum::middleware::from_fn_with_state(

@@ -57,6 +57,7 @@ pub struct McpService {
     operator_tools_enabled: bool,
     agent_router: Arc<ToolRouter<Self>>,
     operator_router: Arc<ToolRouter<Self>>,
+    room_admin_router: Arc<ToolRouter<Self>>,
 }
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
@@ -126,13 +127,15 @@ impl McpService {
             identity,
             operator_tools_enabled,
             agent_router: Arc::new({
-                let mut router = Self::agent_router() + Self::evidence_router();
+                let mut router =
+                    Self::agent_router() + Self::evidence_router() + Self::rooms_router();
                 if gate.settings().reviewer.is_some() {
                     router += Self::review_router();
                 }
                 router
             }),
             operator_router: Arc::new(Self::operator_router()),
+            room_admin_router: Arc::new(Self::room_admin_router()),
         }
     }
 
@@ -154,6 +157,10 @@ impl McpService {
 
     /// Whether this caller gets the operator tools: enabled by the operator, and only
     /// ever for a principal that may decide.
+    fn may_decide(&self, ctx: &RequestContext<RoleServer>) -> bool {
+        self.caller(ctx).map(|p| p.role.may_decide()).unwrap_or(false)
+    }
+
     fn operator_allowed(&self, ctx: &RequestContext<RoleServer>) -> bool {
         self.operator_tools_enabled
             && self
@@ -477,6 +484,422 @@ impl McpService {
     }
 }
 
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PostMessageInput {
+    /// The room's name (created on first use), e.g. "release-train".
+    pub room: String,
+    pub text: String,
+    /// note (default), question, progress or done. Blockers go through report_blocker.
+    #[serde(default, rename = "type")]
+    pub kind: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ReadMessagesInput {
+    pub room: String,
+    /// Only messages after this seq (the `next_since` of a previous read).
+    #[serde(default)]
+    pub since: Option<u64>,
+    /// At most this many (default 50, max 500).
+    #[serde(default)]
+    pub limit: Option<usize>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct WaitMessageInput {
+    pub room: String,
+    #[serde(default)]
+    pub since: Option<u64>,
+    /// Seconds to wait (default 30, max 300).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct MessagesOutput {
+    pub messages: Vec<crate::rooms::MessageView>,
+    /// Pass as `since` to read or wait for what comes next.
+    pub next_since: u64,
+    /// True when a wait ended without a new message.
+    pub timed_out: bool,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RoomInput {
+    pub room: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct MemberView {
+    pub id: String,
+    pub display_name: String,
+    /// working, waiting, blocked, done or idle.
+    pub status: String,
+    pub note: Option<String>,
+    pub last_activity: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RoomOutput {
+    pub room: String,
+    pub title: String,
+    pub members: Vec<MemberView>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PresenceInput {
+    pub room: String,
+    /// working, waiting, blocked, done or idle.
+    pub status: String,
+    #[serde(default)]
+    pub note: Option<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackInput {
+    pub room: String,
+    pub question: String,
+    /// Seconds to wait for an answer before proceeding (default 30, max 300).
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct FeedbackOutput {
+    pub question_id: String,
+    pub answered: bool,
+    pub answer: Option<String>,
+    pub answered_by: Option<String>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BlockerInput {
+    pub room: String,
+    /// What stops you, and what you need from a person.
+    pub description: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct BlockerOutput {
+    pub blocker_id: String,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResolutionInput {
+    pub room: String,
+    pub blocker_id: String,
+    /// Seconds to wait (default 45, max 300). Call again to keep waiting.
+    #[serde(default)]
+    pub timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct ResolutionOutput {
+    pub blocker_id: String,
+    pub resolved: bool,
+    pub reply: Option<String>,
+    pub resolved_by: Option<String>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct KickInput {
+    pub room: String,
+    /// The member's id, as listed by join_room (e.g. token:deploy-bot).
+    pub member: String,
+}
+
+fn wait_seconds(given: Option<u64>, default: u64) -> Result<Duration, CallToolResult> {
+    let seconds = given.unwrap_or(default);
+    if seconds > MAX_WAIT_SECONDS {
+        return Err(tool_error(GateError::BadInput(format!(
+            "timeout_seconds is {seconds}; at most {MAX_WAIT_SECONDS} is allowed (call again to keep waiting)"
+        ))));
+    }
+    Ok(Duration::from_secs(seconds))
+}
+
+fn messages_output(messages: Vec<crate::rooms::MessageView>, since: u64, timed_out: bool) -> MessagesOutput {
+    MessagesOutput {
+        next_since: messages.iter().map(|m| m.seq).max().unwrap_or(since),
+        messages,
+        timed_out,
+    }
+}
+
+#[tool_router(router = rooms_router, vis = "pub(crate)")]
+impl McpService {
+    #[tool(
+        description = "Post a message to a room where people and other agents follow the work: type note (default), question, progress or done. To stop until a person helps, use report_blocker; to ask and wait briefly, wait_for_feedback.",
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn post_message(
+        &self,
+        Parameters(input): Parameters<PostMessageInput>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<crate::rooms::MessageView>, CallToolResult> {
+        let who = self.caller(&ctx)?;
+        let message = self
+            .gate
+            .post_message(&who, &input.room, &input.text, input.kind.as_deref().unwrap_or("note"))
+            .await
+            .map_err(tool_error)?;
+        Ok(Json(message))
+    }
+
+    #[tool(
+        description = "Read a room's messages, oldest first; pass next_since back as since to read what comes next.",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn read_messages(
+        &self,
+        Parameters(input): Parameters<ReadMessagesInput>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<MessagesOutput>, CallToolResult> {
+        self.caller(&ctx)?;
+        let since = input.since.unwrap_or(0);
+        if self.gate.room(&input.room).await.map_err(tool_error)?.is_none() {
+            return Err(tool_error(GateError::NotFound(format!("room {}", input.room))));
+        }
+        let messages = self
+            .gate
+            .messages(&input.room, since, input.limit.unwrap_or(50).clamp(1, 500))
+            .await
+            .map_err(tool_error)?;
+        Ok(Json(messages_output(messages, since, false)))
+    }
+
+    #[tool(
+        description = "Wait until a new message arrives in a room (after since), or until timeout_seconds pass (default 30, max 300). Returns the moment a message is posted.",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn wait_for_message(
+        &self,
+        Parameters(input): Parameters<WaitMessageInput>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<MessagesOutput>, CallToolResult> {
+        self.caller(&ctx)?;
+        let timeout = wait_seconds(input.timeout_seconds, 30)?;
+        let since = input.since.unwrap_or(0);
+        let messages = self
+            .gate
+            .wait_for_message(&input.room, since, timeout)
+            .await
+            .map_err(tool_error)?;
+        let timed_out = messages.is_empty();
+        Ok(Json(messages_output(messages, since, timed_out)))
+    }
+
+    #[tool(
+        description = "Join a room (created if it does not exist) and see who is in it.",
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn join_room(
+        &self,
+        Parameters(input): Parameters<RoomInput>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<RoomOutput>, CallToolResult> {
+        let who = self.caller(&ctx)?;
+        let (room, _) = self.gate.join_room(&who, &input.room).await.map_err(tool_error)?;
+        self.room_output(room).await
+    }
+
+    #[tool(
+        description = "Leave a room.",
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn leave_room(
+        &self,
+        Parameters(input): Parameters<RoomInput>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<RoomOutput>, CallToolResult> {
+        let who = self.caller(&ctx)?;
+        self.gate.leave_room(&who, &input.room).await.map_err(tool_error)?;
+        let room = self
+            .gate
+            .room(&input.room)
+            .await
+            .map_err(tool_error)?
+            .ok_or_else(|| tool_error(GateError::NotFound(format!("room {}", input.room))))?;
+        self.room_output(room).await
+    }
+
+    #[tool(
+        description = "Say what you are doing in a room: working, waiting, blocked, done or idle (with an optional note). People see it in the room's roster.",
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn set_presence(
+        &self,
+        Parameters(input): Parameters<PresenceInput>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<MemberView>, CallToolResult> {
+        let who = self.caller(&ctx)?;
+        let status = input.status.parse().map_err(|e: countersign_core::CoreError| tool_error(e.into()))?;
+        let member = self
+            .gate
+            .set_presence(&who, &input.room, status, input.note)
+            .await
+            .map_err(tool_error)?;
+        Ok(Json(member_view(&member)))
+    }
+
+    #[tool(
+        description = "Ask the people in a room a question and wait up to timeout_seconds (default 30) for an answer. A soft gate: if nobody answers in time, you get answered=false and may proceed with your best judgement.",
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn wait_for_feedback(
+        &self,
+        Parameters(input): Parameters<FeedbackInput>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<FeedbackOutput>, CallToolResult> {
+        let who = self.caller(&ctx)?;
+        let timeout = wait_seconds(input.timeout_seconds, 30)?;
+        let (asked, answer) = self
+            .gate
+            .ask(&who, &input.room, &input.question, timeout)
+            .await
+            .map_err(tool_error)?;
+        Ok(Json(match answer {
+            Some(a) => FeedbackOutput {
+                question_id: asked.id,
+                answered: true,
+                message: format!("{} answered.", a.author.clone().unwrap_or_default()),
+                answer: a.text,
+                answered_by: a.author,
+            },
+            None => FeedbackOutput {
+                question_id: asked.id,
+                answered: false,
+                answer: None,
+                answered_by: None,
+                message: format!(
+                    "No answer within {} seconds: you may proceed with your best judgement. The question stays open in the room.",
+                    timeout.as_secs()
+                ),
+            },
+        }))
+    }
+
+    #[tool(
+        description = "Report that you are blocked and need a person. STOP working on the blocked task: call wait_for_resolution with the blocker_id until a person resolves it. Only a person can resolve a blocker.",
+        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)
+    )]
+    async fn report_blocker(
+        &self,
+        Parameters(input): Parameters<BlockerInput>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<BlockerOutput>, CallToolResult> {
+        let who = self.caller(&ctx)?;
+        let blocker = self
+            .gate
+            .report_blocker(&who, &input.room, &input.description)
+            .await
+            .map_err(tool_error)?;
+        Ok(Json(BlockerOutput {
+            message: format!(
+                "Blocked. Do not continue the blocked work: call wait_for_resolution with room {} and blocker_id {} until a person resolves it.",
+                input.room, blocker.id
+            ),
+            blocker_id: blocker.id,
+        }))
+    }
+
+    #[tool(
+        description = "Wait until a person resolves your blocker (or timeout_seconds pass, default 45, max 300; call again to keep waiting). Returns their reply.",
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn wait_for_resolution(
+        &self,
+        Parameters(input): Parameters<ResolutionInput>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<ResolutionOutput>, CallToolResult> {
+        self.caller(&ctx)?;
+        let timeout = wait_seconds(input.timeout_seconds, 45)?;
+        let reply = self
+            .gate
+            .wait_for_reply(&input.room, &input.blocker_id, timeout)
+            .await
+            .map_err(tool_error)?;
+        Ok(Json(match reply {
+            Some(r) => ResolutionOutput {
+                blocker_id: input.blocker_id,
+                resolved: true,
+                message: "Resolved: follow the reply, then continue.".into(),
+                reply: r.text,
+                resolved_by: r.author,
+            },
+            None => ResolutionOutput {
+                blocker_id: input.blocker_id,
+                resolved: false,
+                reply: None,
+                resolved_by: None,
+                message: "Still blocked: do not continue; call wait_for_resolution again.".into(),
+            },
+        }))
+    }
+}
+
+#[tool_router(router = room_admin_router, vis = "pub(crate)")]
+impl McpService {
+    #[tool(
+        description = "Room admin: remove a member from a room.",
+        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+    )]
+    async fn kick(
+        &self,
+        Parameters(input): Parameters<KickInput>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<RoomOutput>, CallToolResult> {
+        let decider = Decider::new(self.caller(&ctx)?).map_err(tool_error)?;
+        self.gate
+            .kick(&decider, &input.room, &input.member)
+            .await
+            .map_err(tool_error)?;
+        let room = self
+            .gate
+            .room(&input.room)
+            .await
+            .map_err(tool_error)?
+            .ok_or_else(|| tool_error(GateError::NotFound(format!("room {}", input.room))))?;
+        self.room_output(room).await
+    }
+}
+
+fn member_view(m: &crate::rooms::Member) -> MemberView {
+    MemberView {
+        id: m.id.clone(),
+        display_name: m.display_name.clone(),
+        status: match serde_json::to_value(m.status) {
+            Ok(serde_json::Value::String(s)) => s,
+            _ => String::new(),
+        },
+        note: m.note.clone(),
+        last_activity: m.last_activity.to_string(),
+    }
+}
+
+impl McpService {
+    async fn room_output(&self, room: crate::rooms::Room) -> Result<Json<RoomOutput>, CallToolResult> {
+        let members = self.gate.members(&room.name).await.map_err(tool_error)?;
+        Ok(Json(RoomOutput {
+            room: room.name,
+            title: room.title,
+            members: members.iter().map(member_view).collect(),
+        }))
+    }
+}
+
 #[tool_router(router = review_router, vis = "pub(crate)")]
 impl McpService {
     #[tool(
@@ -615,6 +1038,9 @@ impl ServerHandler for McpService {
         if self.operator_allowed(&context) {
             tools.extend(self.operator_router.list_all());
         }
+        if self.may_decide(&context) {
+            tools.extend(self.room_admin_router.list_all());
+        }
         Ok(ListToolsResult::with_all_items(tools))
     }
 
@@ -636,6 +1062,16 @@ impl ServerHandler for McpService {
             let tcc = ToolCallContext::new(self, request, context);
             return self.operator_router.call(tcc).await;
         }
+        if self.room_admin_router.has_route(&request.name) {
+            if !self.may_decide(&context) {
+                return Err(ErrorData::invalid_params(
+                    format!("tool {} is for room admins: it needs an approver or admin token", request.name),
+                    None,
+                ));
+            }
+            let tcc = ToolCallContext::new(self, request, context);
+            return self.room_admin_router.call(tcc).await;
+        }
         let tcc = ToolCallContext::new(self, request, context);
         self.agent_router.call(tcc).await
     }
@@ -644,6 +1080,7 @@ impl ServerHandler for McpService {
         self.agent_router
             .get(name)
             .or_else(|| self.operator_router.get(name))
+            .or_else(|| self.room_admin_router.get(name))
             .cloned()
     }
 }

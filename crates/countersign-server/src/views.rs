@@ -41,6 +41,9 @@ pub struct RequestApprovalInput {
     /// values come back in the decision and the signed proof.
     #[serde(default)]
     pub requested_fields: Vec<String>,
+    /// A room to show the request in as well (see join_room / post_message).
+    #[serde(default)]
+    pub room: Option<String>,
 }
 
 impl From<RequestApprovalInput> for NewRequest {
@@ -55,6 +58,7 @@ impl From<RequestApprovalInput> for NewRequest {
             valid_for_seconds: input.valid_for_seconds,
             idempotency_key: input.idempotency_key,
             requested_fields: input.requested_fields,
+            room: input.room,
         }
     }
 }
@@ -145,6 +149,8 @@ pub struct ApprovalView {
     pub expires_at: String,
     /// Fields the approver fills in to approve.
     pub requested_fields: Vec<String>,
+    /// The room it is shown in.
+    pub room: Option<String>,
     pub decision: Option<DecisionView>,
     /// The signed proof (a DSSE envelope), once decided. Pass it to verify_proof, or
     /// verify it offline with the server's JWKS.
@@ -219,6 +225,7 @@ impl ApprovalView {
             requested_at: request.requested_at.to_string(),
             expires_at: request.expires_at.to_string(),
             requested_fields: request.requested_fields.clone(),
+            room: request.room.clone(),
             decision: request.decision.as_ref().map(|d| DecisionView {
                 decision: d.decision.as_str().to_string(),
                 authorization_type: enum_str(&d.authorization_type),

@@ -136,6 +136,19 @@ pub(crate) fn payloads(
     Ok(out)
 }
 
+pub(crate) fn erase_payloads(conn: &Connection, seqs: &[u64]) -> Result<u64, StoreError> {
+    let mut stmt = conn
+        .prepare_cached("DELETE FROM payloads WHERE seq = ?1")
+        .map_err(db_err("erase payloads"))?;
+    let mut erased = 0;
+    for seq in seqs {
+        erased += stmt
+            .execute(params![to_sql_int(*seq)])
+            .map_err(db_err("erase payloads"))? as u64;
+    }
+    Ok(erased)
+}
+
 pub(crate) fn last_seq(conn: &Connection) -> Result<u64, StoreError> {
     let seq: Option<i64> = conn
         .prepare_cached("SELECT max(seq) FROM events")

@@ -244,6 +244,13 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn erase_payloads(&self, seqs: &[u64]) -> Result<u64, StoreError> {
+        let seqs = seqs.to_vec();
+        self.writer
+            .submit(move |conn| events::erase_payloads(conn, &seqs))
+            .await
+    }
+
     async fn last_event_seq(&self) -> Result<u64, StoreError> {
         self.readers.run(events::last_seq).await
     }

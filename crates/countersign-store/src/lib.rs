@@ -161,6 +161,11 @@ pub trait Store: Send + Sync + 'static {
     /// one and whose payload was not erased).
     async fn payloads(&self, seqs: &[u64]) -> Result<BTreeMap<u64, PayloadOpening>, StoreError>;
 
+    /// Erases the payload openings of these events (their values and salts); the log
+    /// entries, which only hold commitments, stay as they are, so the log still verifies.
+    /// Returns how many were erased.
+    async fn erase_payloads(&self, seqs: &[u64]) -> Result<u64, StoreError>;
+
     /// The sequence number of the newest event (0 when there is none).
     async fn last_event_seq(&self) -> Result<u64, StoreError>;
 

@@ -63,6 +63,7 @@ macro_rules! store_test_suite {
             log_origin_first_wins,
             concurrent_log_origins_agree,
             integration_stores_the_tree,
+            erased_payloads_leave_the_log_intact,
             concurrent_integrators_one_wins,
             checkpoints_one_per_size,
             expiry_queries,
@@ -2347,4 +2348,20 @@ pub async fn imports_copy_rows_without_events(store: Arc<dyn Store>) {
         kinds(&all_events(&store).await),
         ["request_decided", "token_revoked"]
     );
+}
+
+/// Erasing payload openings removes the values (and salts) but not the entries: the
+/// log hashes the same, and other events keep theirs.
+pub async fn erased_payloads_leave_the_log_intact(store: Arc<dyn Store>) {
+    fill_log(&*store, "req", 3).await;
+    let events = all_events(&store).await;
+    let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
+    let before = store.payloads(&seqs).await.unwrap();
+    assert_eq!(before.len(), 3, "each request_created has a payload");
+    assert_eq!(store.erase_payloads(&[seqs[0], seqs[2], 999]).await.unwrap(), 2);
+    let after = store.payloads(&seqs).await.unwrap();
+    assert_eq!(after.keys().copied().collect::<Vec<_>>(), vec![seqs[1]]);
+    let again = all_events(&store).await;
+    assert_eq!(again, events, "entries are untouched");
+    assert_eq!(store.erase_payloads(&[]).await.unwrap(), 0);
 }

@@ -52,6 +52,7 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
         }),
         raw_payload_export: config.raw_payload_export,
         session_seconds: config.session_hours * 3600,
+        backup_dir: Some(config.data_dir.join("backups")),
     };
     Ok(Arc::new(Gate::new(
         store,

@@ -246,6 +246,15 @@ async fn stdio_mcp_offers_the_agent_tools_only() {
         "record_outcome",
         "get_evidence",
         "verify_evidence",
+        "post_message",
+        "read_messages",
+        "wait_for_message",
+        "join_room",
+        "leave_room",
+        "set_presence",
+        "wait_for_feedback",
+        "report_blocker",
+        "wait_for_resolution",
     ]
     .into_iter()
     .map(String::from)
