@@ -101,7 +101,7 @@ function card(request) {
     {
       class: "card",
       type: "button",
-      "aria-selected": state.selected === request.request_id ? "true" : "false",
+      "aria-current": state.selected === request.request_id ? "true" : "false",
       "data-id": request.request_id,
       onclick: () => select(request.request_id),
     },
@@ -165,7 +165,7 @@ function announceNew(pending) {
 async function select(id) {
   state.selected = id;
   history.replaceState(null, "", `/requests/${encodeURIComponent(id)}`);
-  document.querySelectorAll(".card").forEach((c) => c.setAttribute("aria-selected", c.dataset.id === id ? "true" : "false"));
+  document.querySelectorAll(".card").forEach((c) => c.setAttribute("aria-current", c.dataset.id === id ? "true" : "false"));
   await loadDetail();
   $("detail").classList.add("open");
 }

@@ -1,0 +1,1107 @@
+// End-to-end tests of the approver's dashboard in real headless Chromium (Debian's
+// `chromium`, driven by playwright-core) against a real `countersign serve`.
+//
+//   COUNTERSIGN_BIN=target/debug/countersign node tests/browser/run.mjs [--screenshots DIR]
+//
+// Starts its own `countersign serve --listen 127.0.0.1:0` in a temporary data directory,
+// runs the tests in order (they share the server and its accounts), saves screenshots at
+// phone (390x844) and desktop (1440x900) sizes to DIR (default: target/screenshots, or
+// $SCREENSHOTS_DIR), and exits non-zero when a test fails. Tests skipped for a known bug
+// run too with RUN_KNOWN_BUGS=1.
+
+import assert from "node:assert/strict";
+import fs from "node:fs";
+import http from "node:http";
+import path from "node:path";
+import { after, before, test as nodeTest } from "node:test";
+import { fileURLToPath } from "node:url";
+
+import { contrasts, controlCount, misplacedAriaSelected, unlabelledControls, unnamedButtons } from "./lib/a11y.mjs";
+import { DESKTOP, PHONE, expectViolations, launch, newContext, problems, recordedViolations } from "./lib/browser.mjs";
+import { McpClient, statementOf } from "./lib/mcp.mjs";
+import { Countersign, killChildren } from "./lib/server.mjs";
+
+const HERE = path.dirname(fileURLToPath(import.meta.url));
+const REPO = path.resolve(HERE, "..", "..");
+
+function screenshotsDir() {
+  const i = process.argv.indexOf("--screenshots");
+  if (i >= 0 && process.argv[i + 1]) return path.resolve(process.argv[i + 1]);
+  if (process.env.SCREENSHOTS_DIR) return path.resolve(process.env.SCREENSHOTS_DIR);
+  return path.join(REPO, "target", "screenshots");
+}
+
+const SHOTS = screenshotsDir();
+const ADMIN = { username: "ada", name: "Ada Lovelace", password: "analytical-engine-1843" };
+const APPROVER = { username: "grace", name: "Grace Hopper", password: "cobol-and-nanoseconds" };
+const LOCKED = { username: "carol", password: "carols-own-password" };
+
+/** What the tests share: the server, tokens, the browser and the admin's signed-in state. */
+const s = {
+  server: null,
+  browser: null,
+  agentToken: null,
+  approverToken: null,
+  adminState: null,
+  approverState: null,
+  startedAt: Date.now(),
+  shots: [],
+};
+
+const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
+
+// Under a parent that holds our stdin open (crates/countersign/tests/browser.rs), its
+// closing means "stop now": the parent gave up or died. Close Chromium, kill serve, exit.
+if (process.env.BROWSER_TESTS_STDIN_WATCHDOG === "1") {
+  const stop = async () => {
+    console.error("# stdin closed: the parent is gone; stopping the browser suite");
+    await Promise.race([s.browser?.close().catch(() => {}), sleep(3_000)]);
+    killChildren();
+    s.server?.cleanup();
+    process.exit(1);
+  };
+  process.stdin.on("end", stop);
+  process.stdin.on("error", stop);
+  process.stdin.resume();
+  process.stdin.unref(); // the watch alone does not keep the suite running
+}
+
+/** A context signed in as the admin (sharing the admin's session). */
+const adminContext = (size = DESKTOP) =>
+  newContext(s.browser, { ...size, baseURL: s.server.base, storageState: s.adminState });
+
+/** Opens `path` and waits until the page's live connection (SSE) is open. */
+async function openLive(context, p) {
+  return gotoLive(await context.newPage(), p);
+}
+
+/** Navigates `page` to `path` and waits until its live connection (SSE) is open. */
+async function gotoLive(page, p) {
+  const live = page.waitForResponse((r) => r.url().endsWith("/ui/events") && r.status() === 200);
+  await page.goto(p);
+  await live;
+  return page;
+}
+
+/** The request as an approver sees it through REST. */
+async function restRequest(id) {
+  const r = await s.server.http("GET", `/api/v1/requests/${id}`, { token: s.approverToken });
+  assert.equal(r.status, 200, r.text);
+  return r.body;
+}
+
+/** A request through REST as the agent token (for tests that are not about MCP). */
+let seq = 0;
+function createRequest(description, details = {}, extra = {}) {
+  seq += 1;
+  return s.server.createRequest(s.agentToken, {
+    action_description: description,
+    action_details: details,
+    idempotency_key: `browser-test-${seq}-${Date.now()}`,
+    ...extra,
+  });
+}
+
+/** An MCP agent over Streamable HTTP at /mcp. */
+async function mcpAgent() {
+  const client = new McpClient(s.server.url("/mcp"), s.agentToken);
+  await client.initialize();
+  return client;
+}
+
+/** Starts a call and tracks whether it has finished. */
+function inFlight(promise) {
+  const tracked = { settled: false, value: undefined, error: undefined };
+  tracked.promise = promise.then(
+    (value) => {
+      tracked.settled = true;
+      tracked.value = value;
+      return value;
+    },
+    (error) => {
+      tracked.settled = true;
+      tracked.error = error;
+      throw error;
+    },
+  );
+  tracked.promise.catch(() => {});
+  return tracked;
+}
+
+/** Waits until the signed checkpoint stops growing (appends are batched for 100 ms). */
+async function stableLogSize() {
+  let last = await s.server.logSize();
+  for (let i = 0; i < 20; i++) {
+    await sleep(300);
+    const now = await s.server.logSize();
+    if (now === last) return now;
+    last = now;
+  }
+  return last;
+}
+
+async function shot(page, name) {
+  const file = path.join(SHOTS, `${name}.png`);
+  await page.screenshot({ path: file, fullPage: false });
+  s.shots.push(file);
+}
+
+/**
+ * A test whose pages are photographed when it fails (to SHOTS/failures/) and whose browser
+ * contexts are closed either way, so one failure does not leak into the next test.
+ */
+function test(name, options, fn) {
+  if (typeof options === "function") [options, fn] = [{}, options];
+  // RUN_KNOWN_BUGS=1 runs the tests skipped for a reported bug (to check a fix).
+  if (options.skip && process.env.RUN_KNOWN_BUGS === "1") options = { ...options, skip: false };
+  nodeTest(name, options, async (t) => {
+    try {
+      await fn(t);
+    } catch (error) {
+      const dir = path.join(SHOTS, "failures");
+      fs.mkdirSync(dir, { recursive: true });
+      const slug = name.replace(/[^a-z0-9]+/gi, "-").slice(0, 60).replace(/-$/, "");
+      let n = 0;
+      for (const context of s.browser?.contexts() ?? []) {
+        for (const page of context.pages()) {
+          n += 1;
+          const file = path.join(dir, `${slug}-${n}.png`);
+          if (await page.screenshot({ path: file }).then(() => true, () => false)) {
+            console.log(`# failure screenshot of ${page.url()}: ${file}`);
+          }
+        }
+      }
+      throw error;
+    } finally {
+      for (const context of s.browser?.contexts() ?? []) await context.close().catch(() => {});
+    }
+  });
+}
+
+// ---- setup ---------------------------------------------------------------------------
+
+before(async () => {
+  fs.mkdirSync(SHOTS, { recursive: true });
+  fs.rmSync(path.join(SHOTS, "failures"), { recursive: true, force: true });
+  s.server = await new Countersign(process.env.COUNTERSIGN_BIN).start();
+  s.agentToken = await s.server.token("agent", "billing-agent");
+  s.approverToken = await s.server.token("approver", "ops-oncall");
+  s.server.readToken = s.approverToken;
+  s.browser = await launch();
+});
+
+after(async () => {
+  if (s.browser) await s.browser.close().catch(() => {});
+  if (s.server) s.server.cleanup();
+  killChildren();
+  if (s.shots.length) {
+    console.log(`\nscreenshots (${s.shots.length}) in ${SHOTS}:`);
+    for (const file of s.shots) console.log(`  ${file}`);
+  }
+  console.log(`browser run took ${((Date.now() - s.startedAt) / 1000).toFixed(1)} s`);
+});
+
+// ---- sign-in -------------------------------------------------------------------------
+
+test("the first admin signs up through serve's setup link, signs out, and signs in with the password", async () => {
+  const context = await newContext(s.browser, { ...DESKTOP, baseURL: s.server.base });
+  const page = await context.newPage();
+  // Before anyone signs in, the dashboard sends you to sign in.
+  await page.goto("/");
+  assert.equal(new URL(page.url()).pathname, "/login");
+
+  await page.goto(s.server.setupLink);
+  await page.getByRole("heading", { name: "Create your account" }).waitFor();
+  assert.equal(new URL(page.url()).search, "", "the setup token stays in the address bar");
+  await page.getByLabel("Username").fill(ADMIN.username);
+  await page.getByLabel("Your name").fill(ADMIN.name);
+  await page.getByLabel("Password").fill(ADMIN.password);
+  await page.getByRole("button", { name: "Create account" }).click();
+  await page.waitForURL((u) => u.pathname === "/");
+  await page.locator("#who", { hasText: `${ADMIN.name} (admin)` }).waitFor();
+  await page.getByRole("button", { name: "Users" }).waitFor();
+
+  // The session cookie is HttpOnly and SameSite=Strict.
+  const cookies = await context.cookies();
+  const session = cookies.find((c) => c.name === "cs_session");
+  assert.ok(session, `no session cookie among ${JSON.stringify(cookies)}`);
+  assert.equal(session.httpOnly, true);
+  assert.equal(session.sameSite, "Strict");
+
+  // Sign out from the menu: the session ends.
+  await page.locator("summary", { hasText: "Menu" }).click();
+  await page.getByRole("button", { name: "Sign out", exact: true }).click();
+  await page.waitForURL((u) => u.pathname === "/login");
+  await page.goto("/");
+  assert.equal(new URL(page.url()).pathname, "/login", "still signed in after signing out");
+
+  // The setup link works once.
+  const again = await context.newPage();
+  await again.goto(s.server.setupLink);
+  await again.getByLabel("Username").fill("mallory");
+  await again.getByLabel("Your name").fill("Mallory");
+  await again.getByLabel("Password").fill("mallory-password-123");
+  await again.getByRole("button", { name: "Create account" }).click();
+  await again.locator("#message.error").waitFor();
+  assert.equal(new URL(again.url()).pathname, "/setup");
+  await again.close();
+
+  // Sign in with the password.
+  await page.getByLabel("Username").fill(ADMIN.username);
+  await page.getByLabel("Password").fill(ADMIN.password);
+  await page.getByRole("button", { name: "Sign in" }).click();
+  await page.waitForURL((u) => u.pathname === "/");
+  await page.locator("#who", { hasText: `${ADMIN.name} (admin)` }).waitFor();
+  s.adminState = await context.storageState();
+  await context.close();
+});
+
+test("an invited approver joins through the invitation link from `countersign user add`", async () => {
+  const printed = new URL(await s.server.invite(APPROVER.username, "approver"));
+  assert.equal(printed.pathname, "/invite");
+  // The CLI does not know the port of a `serve` started on port 0; it prints the
+  // configured public URL. Open the same path and query on the running server.
+  const link = s.server.url(printed.pathname + printed.search);
+  const context = await newContext(s.browser, { ...DESKTOP, baseURL: s.server.base });
+  const page = await context.newPage();
+  await page.goto(link);
+  await page.getByRole("heading", { name: "Join countersign" }).waitFor();
+  assert.equal(await page.getByLabel("Username").inputValue(), APPROVER.username);
+  await page.getByLabel("Your name").fill(APPROVER.name);
+  await page.getByLabel("Password").fill(APPROVER.password);
+  await page.getByRole("button", { name: "Create account" }).click();
+  await page.waitForURL((u) => u.pathname === "/");
+  await page.locator("#who", { hasText: `${APPROVER.name} (approver)` }).waitFor();
+  assert.equal(await page.getByRole("button", { name: "Users" }).isVisible(), false, "an approver sees the Users view");
+  s.approverState = await context.storageState();
+  await context.close();
+});
+
+// BUG (reported, not fixed here): app.js's invite() writes the one-time link into the
+// result box and then awaits loadUsers(), which rebuilds the whole view (result box
+// included); the live update of the invitation does the same. The link the admin must send
+// is on screen for a few milliseconds: the account is created, its link is lost.
+test("an admin invites an approver from the Users view and is shown the link to send", { skip: "known bug in app.js: the invitation link is wiped by the Users view's own refresh (see the report)" }, async () => {
+  const context = await adminContext();
+  const page = await openLive(context, "/");
+  await page.getByRole("button", { name: "Users" }).click();
+  await page.getByLabel("Invite an approver: username").fill("erin");
+  const answered = page.waitForResponse((r) => r.url().endsWith("/ui/api/users/invite"));
+  await page.getByRole("button", { name: "Create invitation link" }).click();
+  const response = await answered;
+  assert.equal(response.status(), 200);
+  const { link } = await response.json();
+  await page.locator("table.users", { hasText: "erin" }).waitFor();
+  await sleep(1000); // past the view's refresh and the live update
+  const shown = page.locator("code.cmd", { hasText: "/invite?" });
+  assert.equal(await shown.count(), 1, "the invitation link is not on the page");
+  assert.equal((await shown.textContent()).trim(), link);
+  assert.equal(new URL(link).origin, s.server.base, `the link ${link} does not point at this server`);
+});
+
+test("a wrong password shows an error; five failures lock the account and the page says so", async () => {
+  // carol is invited from the terminal and sets her password through the invitation.
+  const link = new URL(await s.server.invite(LOCKED.username, "approver"));
+  const accepted = await s.server.http("POST", "/ui/accept", {
+    json: { token: link.searchParams.get("token"), password: LOCKED.password },
+  });
+  assert.equal(accepted.status, 200, accepted.text);
+
+  const context = await newContext(s.browser, { ...DESKTOP, baseURL: s.server.base });
+  const page = await context.newPage();
+  await page.goto("/login");
+  const attempt = async (username, password) => {
+    await page.getByLabel("Username").fill(username);
+    await page.getByLabel("Password").fill(password);
+    const answered = page.waitForResponse((r) => r.url().endsWith("/ui/login"));
+    await page.getByRole("button", { name: "Sign in" }).click();
+    await answered;
+    const message = page.locator("#message");
+    await message.locator("xpath=self::*[normalize-space(.) != '']").waitFor();
+    return (await message.textContent()).trim();
+  };
+
+  // An unknown account and a wrong password look the same.
+  assert.match(await attempt("nobody", "whatever-password"), /wrong username or password/);
+  for (let i = 1; i <= 5; i++) {
+    const text = await attempt(LOCKED.username, `wrong-password-${i}`);
+    assert.match(text, /wrong username or password/, `attempt ${i}`);
+    assert.equal(new URL(page.url()).pathname, "/login");
+  }
+  // Now even the right password is refused, and the page says the account is locked.
+  const text = await attempt(LOCKED.username, LOCKED.password);
+  assert.match(text, /locked/i, `after five failures the page says: ${text}`);
+  assert.equal(new URL(page.url()).pathname, "/login");
+  assert.equal(await page.locator("#message").getAttribute("role"), "alert");
+  await context.close();
+});
+
+// ---- deciding ------------------------------------------------------------------------
+
+test("a request from an MCP client appears live; approving it with the requested PO number returns the proof to the agent's wait_for_approval", async () => {
+  const context = await adminContext();
+  const page = await openLive(context, "/");
+  await page.evaluate(() => {
+    window.__sameDocument = true;
+  });
+  const before = Number(await page.locator("#needs-count").textContent());
+
+  const agent = await mcpAgent();
+  const asked = await agent.callTool("request_approval", {
+    action_description: "Pay invoice INV-2291 from Globex Corporation",
+    action_details: { amount: "4250.00", currency: "EUR", vendor: "Globex Corporation", invoice: "INV-2291" },
+    requested_fields: ["po_number"],
+    timeout_seconds: 600,
+  });
+  assert.equal(asked.status, "pending");
+  const id = asked.request_id;
+
+  // It appears in NEEDS YOU without a reload, pushed over SSE.
+  const card = page.locator(`.card[data-id="${id}"]`);
+  await card.waitFor({ timeout: 5_000 });
+  assert.match(await card.textContent(), /INV-2291/);
+  assert.equal(await page.evaluate(() => window.__sameDocument), true, "the page reloaded");
+  await page.locator("#needs-count", { hasText: String(before + 1) }).waitFor();
+
+  // The agent waits (a real, blocking MCP call).
+  const waiter = inFlight(mcpAgent().then((a) => a.callTool("wait_for_approval", { request_id: id, timeout_seconds: 60 }, { timeoutMs: 70_000 })));
+
+  await card.click();
+  const detail = page.locator("#detail-body");
+  await detail.getByRole("heading", { name: "Pay invoice INV-2291 from Globex Corporation" }).waitFor();
+  for (const value of ["4250.00", "EUR", "Globex Corporation", "billing-agent"]) {
+    assert.ok((await detail.textContent()).includes(value), `the detail does not show ${value}`);
+  }
+  assert.equal(new URL(page.url()).pathname, `/requests/${id}`);
+
+  // Approving without the requested field is refused by the page.
+  await detail.getByRole("button", { name: "Approve" }).click();
+  await detail.getByRole("alert").filter({ hasText: "Fill in po_number to approve." }).waitFor();
+  await sleep(300);
+  assert.equal(waiter.settled, false, "wait_for_approval returned before anyone decided");
+
+  await detail.getByLabel("po_number").fill("PO-7781");
+  await detail.getByLabel(/Comment/).fill("Matches the signed Globex contract");
+  const clicked = Date.now();
+  await detail.getByRole("button", { name: "Approve" }).click();
+  // The page shows the decision and who made it. (Which notice it shows above it races
+  // with the live update: see the skipped test "the page that decided ...".)
+  await detail.getByText(`Approved by ${ADMIN.name} via dashboard`).waitFor();
+
+  const result = await waiter.promise;
+  const wokeAfter = Date.now() - clicked;
+  assert.equal(result.status, "approved", JSON.stringify(result));
+  const statement = statementOf(result.proof);
+  assert.equal(statement.request_id, id);
+  assert.equal(statement.decision, "approved");
+  assert.equal(statement.authorization_type, "human");
+  assert.equal(statement.approvers.length, 1);
+  assert.equal(statement.approvers[0].display_name, ADMIN.name);
+  assert.equal(statement.approvers[0].channel, "dashboard");
+  assert.deepEqual(statement.fields, { po_number: "PO-7781" });
+  assert.equal(statement.comment, "Matches the signed Globex contract");
+  assert.equal(statement.action.details.invoice, "INV-2291");
+  console.log(`# wait_for_approval returned ${wokeAfter} ms after the click; approver ${JSON.stringify(statement.approvers[0])}`);
+
+  // It left NEEDS YOU.
+  await card.waitFor({ state: "detached" });
+  await context.close();
+});
+
+test("rejecting with a reason returns rejected and the reason to the agent", async () => {
+  const context = await adminContext();
+  const page = await openLive(context, "/");
+  const agent = await mcpAgent();
+  const { request_id: id } = await agent.callTool("request_approval", {
+    action_description: "Drop database analytics_old on prod-db-2",
+    action_details: { host: "prod-db-2", database: "analytics_old", command: "DROP DATABASE analytics_old" },
+    timeout_seconds: 600,
+  });
+  const waiter = inFlight(agent.callTool("wait_for_approval", { request_id: id, timeout_seconds: 60 }, { timeoutMs: 70_000 }));
+  const card = page.locator(`.card[data-id="${id}"]`);
+  await card.click();
+  const detail = page.locator("#detail-body");
+  const reason = "Still read by the quarterly report: archive it first";
+  await detail.getByLabel(/Comment/).fill(reason);
+  await sleep(200);
+  assert.equal(waiter.settled, false);
+  await detail.getByRole("button", { name: "Reject" }).click();
+  await detail.getByText(`Rejected by ${ADMIN.name} via dashboard`).waitFor();
+
+  const result = await waiter.promise;
+  assert.equal(result.status, "rejected");
+  assert.equal(result.decision.comment, reason);
+  if (result.proof) {
+    const statement = statementOf(result.proof);
+    assert.equal(statement.decision, "rejected");
+    assert.equal(statement.comment, reason);
+    assert.equal(statement.approvers[0].display_name, ADMIN.name);
+    assert.equal(statement.approvers[0].channel, "dashboard");
+  }
+  await context.close();
+});
+
+test("a stale page cannot decide a request decided elsewhere, and says who decided", async () => {
+  const admin = await adminContext();
+  const approver = await newContext(s.browser, { ...DESKTOP, baseURL: s.server.base, storageState: s.approverState });
+
+  // (a) Two live pages; Ada approves in hers, Grace's page updates itself.
+  const first = await createRequest("Deploy api-gateway v2.14.0 to production", { service: "api-gateway", version: "2.14.0" });
+  const pageA = await openLive(admin, `/requests/${first}`);
+  const pageB = await openLive(approver, `/requests/${first}`);
+  // (c) A third page whose live connection never opens: truly stale.
+  const pageC = await approver.newPage();
+  await pageC.route("**/ui/events", () => {});
+  await pageC.goto(`/requests/${first}`);
+  for (const page of [pageA, pageB, pageC]) {
+    await page.locator("#detail-body").getByRole("button", { name: "Approve" }).waitFor();
+  }
+
+  await pageA.locator("#detail-body").getByRole("button", { name: "Approve" }).click();
+  await pageA.getByText(`Approved by ${ADMIN.name} via dashboard`).waitFor();
+
+  const b = pageB.locator("#detail-body");
+  await b.getByText("This request was just decided elsewhere.").waitFor({ timeout: 5_000 });
+  await b.getByText(`Approved by ${ADMIN.name} via dashboard`).waitFor();
+  assert.equal(await b.getByRole("button", { name: "Approve" }).count(), 0, "the decided request still offers Approve");
+  assert.equal(await b.getByRole("button", { name: "Reject" }).count(), 0, "the decided request still offers Reject");
+
+  // The stale page still shows the buttons; using one is refused and names the decider.
+  const c = pageC.locator("#detail-body");
+  assert.equal(await c.getByRole("button", { name: "Reject" }).count(), 1);
+  await c.getByRole("button", { name: "Reject" }).click();
+  const refusal = c.locator(".notice.error", { hasText: "already" });
+  await refusal.waitFor();
+  const refusalText = await refusal.textContent();
+  assert.match(refusalText, new RegExp(`${ADMIN.name} via dashboard`), refusalText);
+  await c.getByText(`Approved by ${ADMIN.name} via dashboard`).waitFor();
+  assert.equal(await c.getByRole("button", { name: "Reject" }).count(), 0);
+  const decided = await restRequest(first);
+  assert.equal(decided.status, "approved");
+  assert.deepEqual(decided.decision.approvers.map((a) => a.display_name), [ADMIN.name]);
+
+  // (b) Decided through REST by an approver token: both open pages say who.
+  const second = await createRequest("Rotate the TLS certificate of billing.example.com", { domain: "billing.example.com" });
+  for (const page of [pageA, pageB]) {
+    await gotoLive(page, `/requests/${second}`);
+    await page.locator("#detail-body").getByRole("button", { name: "Approve" }).waitFor();
+  }
+  const r = await s.server.http("POST", `/api/v1/requests/${second}/decision`, {
+    token: s.approverToken,
+    json: { decision: "rejected", comment: "Wait for the change window" },
+  });
+  assert.equal(r.status, 200, r.text);
+  for (const page of [pageA, pageB]) {
+    const d = page.locator("#detail-body");
+    await d.getByText(/Rejected by ops-oncall via api/).waitFor({ timeout: 5_000 });
+    assert.equal(await d.getByRole("button", { name: "Approve" }).count(), 0);
+  }
+  await admin.close();
+  await approver.close();
+});
+
+// BUG (reported, not fixed here): the approver who just decided is told "This request was
+// just decided elsewhere." When the live update of the decision arrives before the page has
+// reloaded the request after its own POST (state.detail is still pending), app.js's SSE
+// handler reloads the detail with that notice, and whichever of the two reloads answers
+// last wins. This happens by chance on a normal run; the test makes the order certain by
+// holding back the POST's answer (so the live update comes first) and the first reload
+// (so it lands last).
+test("the page that decided says so, not that the request was decided elsewhere", { skip: "known bug in app.js: the page's own decision is announced as 'decided elsewhere' when the SSE update wins the race (see the report)" }, async () => {
+  const id = await createRequest("Publish release notes for v2.14", { channel: "blog" });
+  const context = await adminContext();
+  const page = await openLive(context, `/requests/${id}`);
+  const detail = page.locator("#detail-body");
+  await detail.getByRole("button", { name: "Approve" }).waitFor();
+  let reloads = 0;
+  await page.route(`**/ui/api/requests/${id}/decision`, async (route) => {
+    const response = await route.fetch();
+    await sleep(400);
+    await route.fulfill({ response });
+  });
+  await page.route(`**/ui/api/requests/${id}`, async (route) => {
+    reloads += 1;
+    const response = await route.fetch();
+    if (reloads === 1) await sleep(1200);
+    await route.fulfill({ response });
+  });
+  await detail.getByRole("button", { name: "Approve" }).click();
+  await detail.getByText(`Approved by ${ADMIN.name} via dashboard`).waitFor();
+  await sleep(1800);
+  assert.equal(await detail.getByText("decided elsewhere").count(), 0, "the approver's own decision is announced as made elsewhere");
+  await detail.getByText("Approved. The agent has its proof.").waitFor();
+});
+
+// ---- CSRF ----------------------------------------------------------------------------
+
+/** A page on another origin (another loopback port) that posts a form on load. */
+async function evilSite(target) {
+  const forms = {
+    // JSON smuggled in a text/plain form: {"decision":"approved","comment":"forged","x":"="}
+    "/decide": `<form method="POST" action="${target.base}/ui/api/requests/${target.id}/decision" enctype="text/plain">
+      <input type="hidden" name='{"decision":"approved","comment":"forged","x":"' value='"}'></form>`,
+    "/decide-urlencoded": `<form method="POST" action="${target.base}/ui/api/requests/${target.id}/decision">
+      <input type="hidden" name="decision" value="approved"></form>`,
+    "/logout-all": `<form method="POST" action="${target.base}/ui/logout-all"><input type="hidden" name="x" value="1"></form>`,
+    "/invite": `<form method="POST" action="${target.base}/ui/api/users/invite" enctype="text/plain">
+      <input type="hidden" name='{"username":"mallory","role":"admin","x":"' value='"}'></form>`,
+    "/login": `<form method="POST" action="${target.base}/ui/login" enctype="text/plain">
+      <input type="hidden" name='{"username":"carol","password":"carols-own-password","x":"' value='"}'></form>`,
+  };
+  const server = http.createServer((req, res) => {
+    const form = forms[req.url];
+    if (!form) {
+      res.writeHead(404).end();
+      return;
+    }
+    res.writeHead(200, { "content-type": "text/html" });
+    res.end(`<!doctype html><title>You won a prize</title>${form}<script>document.forms[0].submit()</script>`);
+  });
+  await new Promise((resolve) => server.listen(0, "127.0.0.1", resolve));
+  return { server, base: `http://127.0.0.1:${server.address().port}`, paths: Object.keys(forms) };
+}
+
+test("forged cross-origin form posts and CSRF-less requests are refused and change nothing", async () => {
+  const id = await createRequest("Wire 25,000.00 USD to account DE89 3704 0044 0532 0130 00", { amount: "25000.00", currency: "USD" });
+  const context = await adminContext();
+  const dashboard = await openLive(context, "/");
+  const usersBefore = await dashboard.evaluate(async () => (await fetch("/ui/api/users")).json());
+  const logBefore = await stableLogSize();
+  const requestBefore = await restRequest(id);
+
+  const evil = await evilSite({ base: s.server.base, id });
+  try {
+    for (const p of evil.paths) {
+      const page = await context.newPage();
+      const posted = page.waitForResponse((r) => r.url().startsWith(s.server.base) && r.request().method() === "POST");
+      await page.goto(`${evil.base}${p}`);
+      const response = await posted;
+      assert.ok(
+        response.status() >= 400 && response.status() < 500,
+        `forged POST from ${evil.base}${p} got ${response.status()}: ${await response.text().catch(() => "")}`,
+      );
+      console.log(`# forged ${p}: ${response.status()} ${(await response.text().catch(() => "")).slice(0, 120)}`);
+      await page.close();
+    }
+  } finally {
+    evil.server.close();
+  }
+
+  // From the dashboard's own origin, without the CSRF header or with a wrong one.
+  const attempts = await dashboard.evaluate(async (id) => {
+    const post = async (headers) => {
+      const r = await fetch(`/ui/api/requests/${id}/decision`, {
+        method: "POST",
+        headers: { "content-type": "application/json", ...headers },
+        body: JSON.stringify({ decision: "approved" }),
+      });
+      return { status: r.status, body: await r.text() };
+    };
+    return [await post({}), await post({ "x-csrf-token": "not-the-token" })];
+  }, id);
+  for (const attempt of attempts) {
+    assert.equal(attempt.status, 403, JSON.stringify(attempt));
+    assert.match(attempt.body, /CSRF/);
+  }
+
+  // Nothing changed: the request is pending at the same version, the session lives, no
+  // account was added, nothing was logged.
+  const requestAfter = await restRequest(id);
+  assert.equal(requestAfter.status, "pending");
+  assert.equal(requestAfter.version ?? null, requestBefore.version ?? null);
+  const me = await dashboard.evaluate(async () => (await fetch("/ui/api/me")).status);
+  assert.equal(me, 200, "the forged sign-out-everywhere ended the session");
+  const usersAfter = await dashboard.evaluate(async () => (await fetch("/ui/api/users")).json());
+  assert.deepEqual(usersAfter, usersBefore);
+  assert.equal(await stableLogSize(), logBefore, "the log grew");
+  // The forged sign-in did not sign the victim in as someone else.
+  await dashboard.reload();
+  await dashboard.locator("#who", { hasText: `${ADMIN.name} (admin)` }).waitFor();
+  assert.equal(await dashboard.locator(`.card[data-id="${id}"]`).count(), 1);
+  await context.close();
+});
+
+// ---- no state change on a GET ----------------------------------------------------------
+
+test("no GET changes anything: a crawler follows every link, source and request of every page", async () => {
+  const pending = await createRequest("Email 1,204 customers about the March price change", { list: "customers-eu", template: "price-change-2026-03" });
+  const context = await adminContext();
+
+  // An open invitation whose link a GET must not consume.
+  const printed = new URL(await s.server.invite("dave", "approver"));
+  const inviteLink = s.server.url(printed.pathname + printed.search);
+
+  const snapshot = async () => {
+    const list = await s.server.http("GET", "/api/v1/requests?limit=500", { token: s.approverToken });
+    assert.equal(list.status, 200, list.text);
+    const users = await context.request.get("/ui/api/users");
+    assert.equal(users.status(), 200);
+    return {
+      requests: list.body.requests.map((r) => ({ id: r.request_id, status: r.status, version: r.version, decision: r.decision, used: r.used })),
+      users: (await users.json()).users,
+    };
+  };
+  const before = await snapshot();
+  const logBefore = await stableLogSize();
+  assert.ok(before.requests.some((r) => r.id === pending && r.status === "pending"));
+  const decided = before.requests.find((r) => r.status !== "pending");
+  assert.ok(decided, "no decided request to crawl");
+
+  const origin = s.server.base;
+  const seeds = [
+    "/",
+    "/login",
+    "/setup",
+    "/invite",
+    new URL(s.server.setupLink).pathname + new URL(s.server.setupLink).search,
+    new URL(inviteLink).pathname + new URL(inviteLink).search,
+    `/requests/${pending}`,
+    `/requests/${decided.id}`,
+    "/requests/req_does_not_exist",
+    // Every route that changes state, asked with GET: must do nothing.
+    "/ui/login",
+    "/ui/accept",
+    "/ui/logout",
+    "/ui/logout-all",
+    `/ui/api/requests/${pending}/decision`,
+    "/ui/api/users/invite",
+    ...before.users.map((u) => `/ui/api/users/${u.id}/disable`),
+  ];
+  const queue = [...seeds];
+  const seen = new Set();
+  const nonGet = [];
+  const visited = { pages: 0, other: 0 };
+  const enqueue = (raw, from) => {
+    let u;
+    try {
+      u = new URL(raw, from);
+    } catch {
+      return;
+    }
+    if (u.origin !== origin) return;
+    const key = u.pathname + u.search;
+    if (!seen.has(key)) queue.push(key);
+  };
+
+  let walked = false;
+  const crawler = await context.newPage();
+  crawler.on("request", (request) => {
+    if (request.method() !== "GET") nonGet.push(`${request.method()} ${request.url()}`);
+    else enqueue(request.url(), origin);
+  });
+
+  while (queue.length) {
+    const next = queue.shift();
+    if (seen.has(next)) continue;
+    seen.add(next);
+    if (next === "/ui/events") {
+      // The live stream never ends: open it, read a little, let go.
+      const r = await fetch(origin + next, { headers: { cookie: await cookieHeader(context) }, signal: AbortSignal.timeout(1500) }).catch(() => null);
+      if (r) await r.body?.cancel().catch(() => {});
+      visited.other += 1;
+      continue;
+    }
+    const probe = await context.request.get(next, { maxRedirects: 0, timeout: 5_000 });
+    const type = probe.headers()["content-type"] || "";
+    const location = probe.headers()["location"];
+    if (location) enqueue(location, origin + next);
+    if (!type.includes("text/html")) {
+      visited.other += 1;
+      continue;
+    }
+    visited.pages += 1;
+    await crawler.goto(next, { waitUntil: "load" });
+    await sleep(250);
+    // The dashboard is a single page: walk its views and open every request, which only
+    // reads (GET), so the page's own API calls get recorded too (once: it is one app).
+    if (!walked && (await crawler.locator("nav.side").count())) {
+      walked = true;
+      for (const view of ["History", "Users", "Needs you"]) {
+        await crawler.locator("nav.side button", { hasText: view }).click();
+        await sleep(200);
+        for (const card of await crawler.locator(".card").all()) {
+          await card.click();
+          await sleep(100);
+        }
+      }
+      for (const query of [{ q: "invoice" }, { agent: "billing" }]) {
+        await crawler.locator("nav.side button", { hasText: "History" }).click();
+        const [field, value] = Object.entries(query)[0];
+        await crawler.locator(`#${field}`).fill(value);
+        await sleep(200);
+      }
+      await crawler.locator("#status-filter").selectOption("approved");
+      await sleep(200);
+    }
+    const links = await crawler.evaluate(() =>
+      [...document.querySelectorAll("a[href], [src], link[href], [href]")].map((el) => el.getAttribute("href") ?? el.getAttribute("src")),
+    );
+    for (const link of links) enqueue(link, crawler.url());
+  }
+  await crawler.close();
+
+  assert.deepEqual(nonGet, [], "crawling made requests other than GET");
+  const after = await snapshot();
+  assert.deepEqual(after, before, "a GET changed requests or accounts");
+  assert.equal(await stableLogSize(), logBefore, "a GET appended to the log");
+  const me = await context.request.get("/ui/api/me");
+  assert.equal(me.status(), 200, "a GET ended the session");
+  for (const required of ["/", "/login", "/setup", "/invite", "/assets/app.js", "/assets/app.css", "/assets/auth.js", "/ui/api/me", "/ui/events", "/ui/api/users", `/ui/api/requests/${pending}`]) {
+    assert.ok([...seen].some((u) => u === required || u.startsWith(`${required}?`)), `the crawler never reached ${required}`);
+  }
+  assert.ok([...seen].some((u) => u.startsWith("/ui/api/requests?view=history")), "the crawler never listed the history");
+  console.log(`# crawled ${seen.size} URLs (${visited.pages} pages in the browser, ${visited.other} other GETs); nothing changed`);
+
+  // The invitation the crawler opened is still unused: it still works.
+  const link = new URL(inviteLink);
+  const accept = await s.server.http("POST", "/ui/accept", {
+    json: { token: link.searchParams.get("token"), display_name: "Dave", password: "daves-long-password" },
+  });
+  assert.equal(accept.status, 200, accept.text);
+  await context.close();
+});
+
+async function cookieHeader(context) {
+  return (await context.cookies()).map((c) => `${c.name}=${c.value}`).join("; ");
+}
+
+// ---- security headers and CSP ----------------------------------------------------------
+
+function parseCsp(value) {
+  const directives = {};
+  for (const part of value.split(";")) {
+    const [name, ...sources] = part.trim().split(/\s+/);
+    if (name) directives[name.toLowerCase()] = sources;
+  }
+  return directives;
+}
+
+test("pages carry security headers and a CSP without unsafe-inline, which the browser enforces", async () => {
+  const context = await adminContext();
+  const anonymous = await newContext(s.browser, { ...DESKTOP, baseURL: s.server.base });
+  const checks = [
+    [context, "/"],
+    [context, "/requests/req_anything"],
+    [anonymous, "/"], // the redirect to sign-in
+    [anonymous, "/login"],
+    [anonymous, "/setup"],
+    [anonymous, "/invite"],
+    [anonymous, "/assets/app.js"],
+    [anonymous, "/assets/auth.js"],
+    [anonymous, "/assets/app.css"],
+    [context, "/ui/api/me"],
+  ];
+  for (const [ctx, p] of checks) {
+    const r = await ctx.request.get(p, { maxRedirects: 0 });
+    const h = r.headers();
+    const where = `${p} (${r.status()})`;
+    const csp = h["content-security-policy"];
+    assert.ok(csp, `${where}: no Content-Security-Policy`);
+    const d = parseCsp(csp);
+    const scripts = d["script-src"] ?? d["default-src"];
+    assert.ok(scripts, `${where}: the CSP does not restrict scripts: ${csp}`);
+    for (const bad of ["'unsafe-inline'", "'unsafe-eval'", "*", "data:", "http:", "https:"]) {
+      assert.ok(!scripts.includes(bad), `${where}: script-src allows ${bad}: ${csp}`);
+    }
+    const styles = d["style-src"] ?? d["default-src"];
+    assert.ok(styles && !styles.includes("'unsafe-inline'"), `${where}: style-src allows inline styles: ${csp}`);
+    assert.deepEqual(d["default-src"], ["'none'"], `${where}: ${csp}`);
+    assert.deepEqual(d["frame-ancestors"], ["'none'"], `${where}: ${csp}`);
+    assert.ok(d["base-uri"], `${where}: no base-uri: ${csp}`);
+    assert.ok(d["form-action"], `${where}: no form-action: ${csp}`);
+    assert.equal(h["x-content-type-options"], "nosniff", where);
+    assert.equal(h["x-frame-options"], "DENY", where);
+    assert.equal(h["referrer-policy"], "no-referrer", where);
+    assert.ok(h["cache-control"], `${where}: no cache-control`);
+    if (p.startsWith("/ui/api/")) assert.equal(h["cache-control"], "no-store", where);
+  }
+
+  // The CSP is in force: an injected inline script does not run, and the browser reports it.
+  const page = await openLive(context, "/");
+  expectViolations(page);
+  const ran = await page.evaluate(async () => {
+    const script = document.createElement("script");
+    script.textContent = "window.__inlineRan = true";
+    document.body.append(script);
+    const img = document.createElement("img");
+    img.src = "https://example.invalid/pixel.png";
+    document.body.append(img);
+    await new Promise((resolve) => setTimeout(resolve, 200));
+    return window.__inlineRan === true;
+  });
+  assert.equal(ran, false, "an inline script ran despite the CSP");
+  const violations = await recordedViolations(page);
+  assert.ok(violations.some((v) => v.startsWith("script-src")), `no script-src violation recorded: ${JSON.stringify(violations)}`);
+  assert.ok(violations.some((v) => v.startsWith("img-src")), `no img-src violation recorded: ${JSON.stringify(violations)}`);
+  await context.close();
+  await anonymous.close();
+});
+
+// ---- accessibility -----------------------------------------------------------------------
+
+test("accessibility: every control is labelled, every button named", async () => {
+  const anonymous = await newContext(s.browser, { ...DESKTOP, baseURL: s.server.base });
+  const page = await anonymous.newPage();
+  const where = [];
+  for (const p of ["/login", "/setup", "/invite?kind=invite&username=x"]) {
+    await page.goto(p);
+    assert.ok((await controlCount(page)) >= 2, `${p}: no controls found`);
+    assert.deepEqual(await unlabelledControls(page), [], `${p}: unlabelled controls`);
+    assert.deepEqual(await unnamedButtons(page), [], `${p}: unnamed buttons`);
+    where.push(p);
+  }
+  await anonymous.close();
+
+  const context = await adminContext();
+  const id = await createRequest("Order 40 laptops from Initech", { quantity: "40", supplier: "Initech" }, { requested_fields: ["po_number", "cost_center"] });
+  const dash = await openLive(context, `/requests/${id}`);
+  await dash.locator("#field-po_number").waitFor();
+  // The open request is marked as the current one in the list, in a way a screen reader
+  // announces (aria-current; aria-selected means nothing on a button).
+  assert.equal(await dash.locator(`.card[data-id="${id}"]`).getAttribute("aria-current"), "true");
+  assert.equal(await dash.locator(`.card[aria-current="true"]`).count(), 1);
+  const views = [
+    ["request with requested fields", async () => {}],
+    ["history with filters", async () => dash.locator("nav.side button", { hasText: "History" }).click()],
+    ["users", async () => dash.locator("nav.side button", { hasText: "Users" }).click()],
+  ];
+  for (const [name, open] of views) {
+    await open();
+    await sleep(300);
+    assert.ok((await controlCount(dash)) >= 2, `${name}: no controls found`);
+    assert.deepEqual(await unlabelledControls(dash), [], `${name}: unlabelled controls`);
+    assert.deepEqual(await unnamedButtons(dash), [], `${name}: unnamed buttons`);
+    assert.deepEqual(await misplacedAriaSelected(dash), [], `${name}: aria-selected where the role has no selected state`);
+    where.push(name);
+  }
+  console.log(`# labels checked on: ${where.join(", ")}`);
+  await context.close();
+});
+
+/** Presses Tab until `selector` has the focus; returns how many presses it took. */
+async function tabTo(page, selector, max = 60) {
+  for (let i = 1; i <= max; i++) {
+    await page.keyboard.press("Tab");
+    if (await page.evaluate((sel) => document.activeElement?.matches(sel) ?? false, selector)) return i;
+  }
+  throw new Error(`${selector} was not reached with ${max} presses of Tab`);
+}
+
+test("accessibility: approve and reject work with the keyboard alone", async () => {
+  const context = await adminContext();
+  const approveId = await createRequest("Restart the payments worker pool", { cluster: "eu-west-1", pool: "payments" });
+  const rejectId = await createRequest("Grant contractor@initech.example admin on GitHub", { org: "countersign", role: "admin" });
+  const page = await openLive(context, "/");
+
+  // Tab to the request in the list, Enter opens it; Tab to Approve, Enter approves.
+  await page.locator(`.card[data-id="${approveId}"]`).waitFor();
+  const toCard = await tabTo(page, `.card[data-id="${approveId}"]`);
+  await page.keyboard.press("Enter");
+  await page.locator("#detail-body").getByRole("heading", { name: "Restart the payments worker pool" }).waitFor();
+  const toApprove = await tabTo(page, "#approve");
+  const focus = await page.evaluate(() => {
+    const style = getComputedStyle(document.activeElement);
+    return { tag: document.activeElement.tagName, outline: style.outlineStyle, width: style.outlineWidth };
+  });
+  assert.equal(focus.tag, "BUTTON", "Approve is not a real button");
+  assert.notEqual(focus.outline, "none", "the focused Approve button shows no focus ring");
+  await page.keyboard.press("Enter");
+  await page.locator("#detail-body").getByText(`Approved by ${ADMIN.name} via dashboard`).waitFor();
+  const approved = await restRequest(approveId);
+  assert.equal(approved.status, "approved");
+  assert.equal(approved.decision.approvers[0].channel, "dashboard");
+
+  // The same for Reject, with the reason typed in the comment, pressed with Space.
+  await gotoLive(page, "/");
+  await page.locator(`.card[data-id="${rejectId}"]`).waitFor();
+  await tabTo(page, `.card[data-id="${rejectId}"]`);
+  await page.keyboard.press("Enter");
+  await page.locator("#detail-body").getByRole("heading", { name: /Grant contractor/ }).waitFor();
+  await tabTo(page, "#comment");
+  await page.keyboard.type("Contractors get write, not admin");
+  const toReject = await tabTo(page, "#reject");
+  await page.keyboard.press("Space");
+  await page.locator("#detail-body").getByText(`Rejected by ${ADMIN.name} via dashboard`).waitFor();
+  const rejected = await restRequest(rejectId);
+  assert.equal(rejected.status, "rejected");
+  assert.equal(rejected.decision.comment, "Contractors get write, not admin");
+  console.log(`# keyboard: ${toCard} Tabs to the request, ${toApprove} to Approve, ${toReject} from the comment to Reject`);
+  await context.close();
+});
+
+// BUG (reported, not fixed here): every live update rebuilds the whole list
+// (items.replaceChildren in app.js's loadList), so a keyboard user whose focus is on a
+// request loses it (focus falls back to <body>) whenever anything changes anywhere.
+test("accessibility: a live update does not take the keyboard focus away from the list", { skip: "known bug in app.js: loadList() replaces every card on each live update, dropping the focus (see the report)" }, async () => {
+  const context = await adminContext();
+  const first = await createRequest("Archive the 2019 invoices bucket", { bucket: "invoices-2019" });
+  const page = await openLive(context, "/");
+  await page.locator(`.card[data-id="${first}"]`).waitFor();
+  await tabTo(page, `.card[data-id="${first}"]`);
+  const second = await createRequest("Invite 3 contractors to the staging Slack", { workspace: "staging" });
+  await page.locator(`.card[data-id="${second}"]`).waitFor();
+  await sleep(200);
+  const focused = await page.evaluate(() => document.activeElement?.dataset?.id ?? document.activeElement?.tagName);
+  assert.equal(focused, first, "the focus left the request it was on");
+});
+
+test("accessibility: text, buttons and status badges have a contrast of at least 4.5:1", async () => {
+  const context = await adminContext();
+  const pendingId = await createRequest("Renew the Datadog contract for 12 months", { amount: "18000.00", currency: "USD" }, { requested_fields: ["po_number"] });
+  const page = await openLive(context, `/requests/${pendingId}`);
+  await page.locator("#approve").waitFor();
+  const measured = [];
+  measured.push(
+    ...(await contrasts(page, [
+      "body",
+      "header.top .brand",
+      "header.top .who",
+      ".conn",
+      "details.menu summary",
+      "nav.side button[aria-current=page]",
+      "nav.side button:not([aria-current])",
+      ".badge",
+      "section.list h2",
+      ".card .desc",
+      ".card .details",
+      ".card .meta span",
+      ".status.pending",
+      ".countdown",
+      ".detail h3",
+      "table.kv th",
+      "table.kv td",
+      ".decide label",
+      "#approve",
+      "#reject",
+      "#sheet-close",
+    ])),
+  );
+  // Decided requests: approved, rejected, their badges and notices, the proof tools.
+  await page.locator("nav.side button", { hasText: "History" }).click();
+  await page.locator(".status.approved").first().waitFor();
+  measured.push(...(await contrasts(page, [".status.approved", ".status.rejected", "#filters select"])));
+  // The search boxes have only their placeholder on screen (their labels are for screen
+  // readers), so the placeholder must be readable too.
+  measured.push(...(await contrasts(page, ["#q", "#agent"], "::placeholder")));
+  await page.locator(".card", { has: page.locator(".status.approved") }).first().click();
+  await page.locator("#detail-body .notice.ok").waitFor();
+  measured.push(...(await contrasts(page, [".notice.ok", ".proof-tools .btn", "code.cmd"])));
+  await page.locator(".card", { has: page.locator(".status.rejected") }).first().click();
+  await page.locator("#detail-body .notice.error").waitFor();
+  measured.push(...(await contrasts(page, [".notice.error"])));
+  // The count badge as it looks when nothing needs you (the same element, its class set).
+  await page.locator("#needs-count").evaluate((el) => el.classList.add("zero"));
+  measured.push(...(await contrasts(page, [".badge.zero"])));
+  // The sign-in page with its error.
+  const anonymous = await newContext(s.browser, { ...DESKTOP, baseURL: s.server.base });
+  const login = await anonymous.newPage();
+  await login.goto("/login");
+  await login.getByLabel("Username").fill("nobody");
+  await login.getByLabel("Password").fill("wrong-password-0");
+  await login.getByRole("button", { name: "Sign in" }).click();
+  await login.locator("#message.error").waitFor();
+  measured.push(...(await contrasts(login, [".auth h1", ".auth label", ".btn.primary", "#message.error"])));
+  await anonymous.close();
+
+  const table = measured.map((m) => `${m.ratio.toFixed(2).padStart(6)}  ${m.fg} on ${m.bg}  ${m.size}/${m.weight}  ${m.selector}  "${m.text}"`);
+  console.log(`# contrast:\n${table.map((l) => `#   ${l}`).join("\n")}`);
+  const failing = measured.filter((m) => m.ratio < 4.5);
+  assert.deepEqual(failing, [], "elements below 4.5:1");
+  for (const required of ["body", "#approve", "#reject", ".btn.primary", ".status.pending", ".status.approved", ".status.rejected", ".badge", ".badge.zero", "#q::placeholder"]) {
+    assert.ok(measured.some((m) => m.selector === required), `${required} was not measured`);
+  }
+  await context.close();
+});
+
+// ---- phone ---------------------------------------------------------------------------------
+
+test("phone (390x844): the request opens as a bottom sheet and Approve works there", async () => {
+  const id = await createRequest("Refund order #88121 (duplicate charge)", { order: "88121", amount: "129.99", currency: "EUR", customer: "jane@example.com" });
+  const context = await adminContext(PHONE);
+  const page = await openLive(context, "/");
+  const width = await page.evaluate(() => document.documentElement.scrollWidth);
+  assert.ok(width <= 390, `the page scrolls sideways on a phone (${width}px wide)`);
+  const sheet = page.locator("section.detail");
+  assert.equal(await sheet.isVisible(), false, "the detail shows before a request is opened");
+
+  await page.locator(`.card[data-id="${id}"]`).tap();
+  await page.locator("section.detail.open").waitFor();
+  await sheet.getByRole("heading", { name: /Refund order #88121/ }).waitFor();
+  await sleep(350); // the sheet slides up (0.2 s)
+  const box = await sheet.boundingBox();
+  const position = await sheet.evaluate((el) => getComputedStyle(el).position);
+  assert.equal(position, "fixed");
+  assert.ok(Math.abs(box.y + box.height - 844) <= 1, `the sheet is not at the bottom: ${JSON.stringify(box)}`);
+  assert.ok(box.x === 0 && Math.abs(box.width - 390) <= 1, `the sheet is not full width: ${JSON.stringify(box)}`);
+  assert.ok(box.y > 0, `the sheet covers the whole screen: ${JSON.stringify(box)}`);
+
+  const approve = sheet.getByRole("button", { name: "Approve" });
+  await approve.scrollIntoViewIfNeeded();
+  const target = await approve.boundingBox();
+  assert.ok(target.height >= 44, `Approve is ${target.height}px tall: too small to tap`);
+  assert.ok(target.y >= 0 && target.y + target.height <= 845, `Approve is off screen: ${JSON.stringify(target)}`);
+  await approve.tap();
+  await sheet.getByText(`Approved by ${ADMIN.name} via dashboard`).waitFor();
+  const decided = await restRequest(id);
+  assert.equal(decided.status, "approved");
+  assert.equal(decided.decision.approvers[0].display_name, ADMIN.name);
+  assert.equal(decided.decision.approvers[0].channel, "dashboard");
+
+  await sheet.getByRole("button", { name: "Close" }).tap();
+  await page.waitForFunction(() => !document.querySelector("section.detail").classList.contains("open"));
+  await context.close();
+});
+
+// ---- screenshots ---------------------------------------------------------------------------
+
+test("screenshots at phone (390x844) and desktop (1440x900) sizes", async () => {
+  // Realistic work for the pictures: several agents, details, a requested field.
+  const deploy = await s.server.token("agent", "deploy-bot");
+  const support = await s.server.token("agent", "support-mailer");
+  const make = (token, description, details, extra = {}) =>
+    s.server.createRequest(token, { action_description: description, action_details: details, ...extra });
+  await make(s.agentToken, "Pay invoice INV-2307 from Umbrella Corp", { amount: "12,480.00", currency: "EUR", vendor: "Umbrella Corp", due: "2026-12-15" }, { requested_fields: ["po_number"] });
+  await make(deploy, "Deploy checkout-service v3.8.1 to production", { service: "checkout-service", version: "3.8.1", cluster: "prod-eu-west-1", change: "CHG-5521" }, { timeout_seconds: 240 });
+  const mail = await make(support, "Email 312 customers about the delayed shipment", { segment: "orders-delayed-2026-11", template: "shipping-delay-v2" });
+  const cancelled = await make(deploy, "Scale the search cluster to 12 nodes", { cluster: "search-prod", nodes: "12" });
+  const r = await s.server.http("POST", `/api/v1/requests/${cancelled}/cancel`, { token: deploy, json: {} });
+  assert.equal(r.status, 200, r.text);
+
+  for (const [label, size] of [["desktop-1440x900", DESKTOP], ["phone-390x844", PHONE]]) {
+    const anonymous = await newContext(s.browser, { ...size, baseURL: s.server.base });
+    const login = await anonymous.newPage();
+    await login.goto("/login");
+    await login.getByRole("button", { name: "Sign in" }).waitFor();
+    await shot(login, `${label}-1-sign-in`);
+    await anonymous.close();
+
+    const context = await adminContext(size);
+    const page = await openLive(context, "/");
+    await page.locator(`.card[data-id="${mail}"]`).waitFor();
+    await shot(page, `${label}-2-needs-you`);
+    await page.locator(".card").first().click();
+    await page.locator("#approve").waitFor();
+    await sleep(350);
+    await shot(page, `${label}-3-request-detail`);
+    if (size === PHONE) {
+      await page.getByRole("button", { name: "Close" }).click();
+      await sleep(300);
+    }
+    await page.locator("nav.side button", { hasText: "History" }).click();
+    await page.locator(".card .status.approved").first().waitFor();
+    await sleep(200);
+    await shot(page, `${label}-4-history`);
+    // A decided request with its proof tools.
+    await page.locator(".card", { has: page.locator(".status.approved") }).first().click();
+    await page.locator(".proof-tools").waitFor();
+    await sleep(350);
+    await shot(page, `${label}-5-decided-with-proof`);
+    await context.close();
+  }
+});
+
+// ---- over the whole run ----------------------------------------------------------------------
+
+test("no page reported a CSP violation or an uncaught script error during the run", () => {
+  assert.deepEqual(problems, []);
+});
