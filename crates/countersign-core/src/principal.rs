@@ -58,6 +58,12 @@ pub enum AuthMethod {
     LocalOsUser,
     /// A dashboard account: signed in with its password, acting through its session.
     PasswordSession,
+    /// A dashboard account acting from Slack: the click came in a request signed with
+    /// the Slack app's signing secret, from a Slack user the operator mapped to it.
+    SlackSignature,
+    /// A dashboard account acting through a one-time, short-lived token emailed to the
+    /// address the operator mapped to it (plus a confirm click).
+    EmailToken,
 }
 
 /// Where a decision was made.
@@ -72,6 +78,10 @@ pub enum Channel {
     Cli,
     /// The web dashboard.
     Dashboard,
+    /// A button in a Slack message.
+    Slack,
+    /// An emailed decision link (one-time token and a confirm click).
+    Email,
 }
 
 impl Channel {
@@ -81,6 +91,8 @@ impl Channel {
             Channel::Mcp => "mcp",
             Channel::Cli => "cli",
             Channel::Dashboard => "dashboard",
+            Channel::Slack => "slack",
+            Channel::Email => "email",
         }
     }
 }
@@ -124,6 +136,13 @@ impl Principal {
             role,
             auth_method: AuthMethod::PasswordSession,
         }
+    }
+
+    /// The same principal, authenticated another way (a dashboard account acting from
+    /// Slack or through an emailed token).
+    pub fn authenticated_by(mut self, auth_method: AuthMethod) -> Self {
+        self.auth_method = auth_method;
+        self
     }
 
     /// This principal as the approver of a decision made through `channel`.

@@ -39,7 +39,11 @@ form.addEventListener("submit", async (event) => {
     });
     const data = await response.json().catch(() => ({}));
     if (response.ok) {
-      location.assign(data.next || "/");
+      // Back to the page that sent us here (a request from an emailed link), if it is
+      // one of this server's own paths.
+      const next = params.get("next");
+      const local = next && /^\/requests\/[A-Za-z0-9_-]+$/.test(next);
+      location.assign(form.id === "login-form" && local ? next : data.next || "/");
       return;
     }
     show((data.error && data.error.message) || `Failed (${response.status})`);

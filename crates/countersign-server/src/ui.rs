@@ -43,6 +43,7 @@ const APP_JS: &str = include_str!("../assets/app.js");
 const AUTH_JS: &str = include_str!("../assets/auth.js");
 const APP_CSS: &str = include_str!("../assets/app.css");
 const ICON: &str = include_str!("../assets/icon.svg");
+const EMAIL_JS: &str = include_str!("../assets/email.js");
 
 pub fn routes() -> Router<AppState> {
     Router::new()
@@ -64,6 +65,21 @@ pub fn routes() -> Router<AppState> {
         .route("/ui/api/users", get(list_users))
         .route("/ui/api/users/invite", post(invite_user))
         .route("/ui/api/users/{id}/disable", post(disable_user))
+        // Slack and email (crate::notify): Slack's signed interactivity requests, and the
+        // page an emailed one-time decision link opens (its token only ever in POSTs).
+        .route(
+            "/slack/interactivity",
+            post(crate::notify::slack::interactivity),
+        )
+        .route("/email/decide", get(crate::notify::email::decide_page))
+        .route(
+            "/email/api/request",
+            post(crate::notify::email::token_request),
+        )
+        .route(
+            "/email/api/decision",
+            post(crate::notify::email::token_decision),
+        )
 }
 
 // ---- pages and assets ---------------------------------------------------------------
@@ -79,8 +95,18 @@ async fn index_page(session: Option<PageSession>) -> Response {
     }
 }
 
-async fn request_page(session: Option<PageSession>, Path(_id): Path<String>) -> Response {
-    index_page(session).await
+async fn request_page(session: Option<PageSession>, Path(id): Path<String>) -> Response {
+    match session {
+        Some(_) => html(INDEX),
+        // Signed out (say, from an emailed link): sign in, then come back here.
+        None if id
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') =>
+        {
+            Redirect::to(&format!("/login?next=/requests/{id}")).into_response()
+        }
+        None => Redirect::to("/login").into_response(),
+    }
 }
 
 async fn login_page() -> Response {
@@ -95,6 +121,7 @@ async fn asset(Path(file): Path<String>) -> Response {
     let (body, kind) = match file.as_str() {
         "app.js" => (APP_JS, "text/javascript; charset=utf-8"),
         "auth.js" => (AUTH_JS, "text/javascript; charset=utf-8"),
+        "email.js" => (EMAIL_JS, "text/javascript; charset=utf-8"),
         "app.css" => (APP_CSS, "text/css; charset=utf-8"),
         "icon.svg" => (ICON, "image/svg+xml"),
         _ => return StatusCode::NOT_FOUND.into_response(),

@@ -121,6 +121,37 @@ struct FileConfig {
     webhooks: Vec<WebhookSection>,
     notify: Option<NotifySection>,
     reminders: Option<RemindersSection>,
+    slack: Option<SlackSection>,
+    email: Option<EmailSection>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SlackSection {
+    bot_token: Option<String>,
+    bot_token_file: Option<PathBuf>,
+    signing_secret: Option<String>,
+    signing_secret_file: Option<PathBuf>,
+    api_base_url: Option<String>,
+    /// Slack user id → dashboard username.
+    #[serde(default)]
+    approvers: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct EmailSection {
+    smtp_url: String,
+    from: String,
+    username: Option<String>,
+    password: Option<String>,
+    password_file: Option<PathBuf>,
+    /// Email address → dashboard username.
+    #[serde(default)]
+    approvers: std::collections::BTreeMap<String, String>,
+    token_decisions: Option<bool>,
+    token_minutes: Option<u64>,
+    follow_ups: Option<bool>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -163,6 +194,138 @@ fn secret(what: &str, inline: Option<String>, file: Option<PathBuf>) -> anyhow::
         (Some(_), Some(_)) => bail!("{what}: give the secret or a file holding it, not both"),
         (None, None) => bail!("{what}: a secret is required (or a *_file holding it)"),
     }
+}
+
+/// A secret from its environment variable (which wins), inline, or a file.
+fn secret_with_env(
+    what: &str,
+    env: Option<String>,
+    inline: Option<String>,
+    file: Option<PathBuf>,
+) -> anyhow::Result<String> {
+    match env.filter(|v| !v.is_empty()) {
+        Some(value) => Ok(value),
+        None => secret(what, inline, file),
+    }
+}
+
+/// A username an approver mapping points at.
+fn approver_username(what: &str, username: &str) -> anyhow::Result<String> {
+    countersign_server::accounts::validate_username(username)
+        .map_err(|e| anyhow::anyhow!("{what}: {e}"))
+}
+
+fn slack_config(
+    section: Option<SlackSection>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Option<countersign_server::notify::slack::SlackConfig>> {
+    use countersign_server::notify::slack::{DEFAULT_API_BASE_URL, SlackConfig, is_user_id};
+    let Some(s) = section else {
+        for key in [
+            "COUNTERSIGN_SLACK_BOT_TOKEN",
+            "COUNTERSIGN_SLACK_SIGNING_SECRET",
+        ] {
+            if env(key).is_some() {
+                bail!(
+                    "{key} is set but the config has no [slack] section (it names the approvers)"
+                );
+            }
+        }
+        return Ok(None);
+    };
+    let bot_token = secret_with_env(
+        "[slack] bot_token",
+        env("COUNTERSIGN_SLACK_BOT_TOKEN"),
+        s.bot_token,
+        s.bot_token_file,
+    )?;
+    let signing_secret = secret_with_env(
+        "[slack] signing_secret",
+        env("COUNTERSIGN_SLACK_SIGNING_SECRET"),
+        s.signing_secret,
+        s.signing_secret_file,
+    )?;
+    let api_base_url = s
+        .api_base_url
+        .unwrap_or_else(|| DEFAULT_API_BASE_URL.to_string())
+        .trim_end_matches('/')
+        .to_string();
+    let parsed = reqwest::Url::parse(&api_base_url)
+        .with_context(|| format!("[slack] api_base_url {api_base_url:?} is not a URL"))?;
+    let loopback = match parsed.host_str() {
+        Some("localhost") => true,
+        Some(host) => host
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback()),
+        None => false,
+    };
+    if !(parsed.scheme() == "https" || (parsed.scheme() == "http" && loopback)) {
+        bail!(
+            "[slack] api_base_url {api_base_url:?} must be https:// (http:// only on the loopback, for tests): it carries the bot token"
+        );
+    }
+    let mut approvers = std::collections::BTreeMap::new();
+    for (user, username) in s.approvers {
+        if !is_user_id(&user) {
+            bail!(
+                "[slack.approvers] {user:?} is not a Slack user id (U… or W…, from the user's profile: More → Copy member ID)"
+            );
+        }
+        let username = approver_username(&format!("[slack.approvers] {user}"), &username)?;
+        approvers.insert(user, username);
+    }
+    Ok(Some(SlackConfig {
+        bot_token,
+        signing_secret,
+        api_base_url,
+        approvers,
+    }))
+}
+
+fn email_config(
+    section: Option<EmailSection>,
+    env: &dyn Fn(&str) -> Option<String>,
+) -> anyhow::Result<Option<countersign_server::notify::email::EmailConfig>> {
+    use countersign_server::notify::email::{EmailConfig, SmtpUrl, check_address};
+    let Some(e) = section else {
+        if env("COUNTERSIGN_SMTP_PASSWORD").is_some() {
+            bail!("COUNTERSIGN_SMTP_PASSWORD is set but the config has no [email] section");
+        }
+        return Ok(None);
+    };
+    let smtp = SmtpUrl::parse(&e.smtp_url).map_err(|m| anyhow::anyhow!("[email] {m}"))?;
+    check_address(&e.from).map_err(|m| anyhow::anyhow!("[email] from: {m}"))?;
+    let env_password = env("COUNTERSIGN_SMTP_PASSWORD").filter(|v| !v.is_empty());
+    let password = match (env_password, e.password, e.password_file) {
+        (Some(p), _, _) => Some(p),
+        (None, None, None) => None,
+        (None, inline, file) => Some(secret("[email] password", inline, file)?),
+    };
+    if password.is_some() && e.username.is_none() {
+        bail!("[email] has a password but no username");
+    }
+    let mut approvers = std::collections::BTreeMap::new();
+    for (address, username) in e.approvers {
+        check_address(&address).map_err(|m| anyhow::anyhow!("[email.approvers] {m}"))?;
+        let username = approver_username(&format!("[email.approvers] {address}"), &username)?;
+        approvers.insert(address.trim().to_ascii_lowercase(), username);
+    }
+    let token_minutes = e.token_minutes.unwrap_or(30);
+    if !(1..=24 * 60).contains(&token_minutes) {
+        bail!("[email] token_minutes must be between 1 and 1440");
+    }
+    Ok(Some(EmailConfig {
+        smtp,
+        from: e.from,
+        username: e.username,
+        password,
+        approvers,
+        token_decisions: e.token_decisions.unwrap_or(false),
+        token_minutes,
+        follow_ups: e.follow_ups.unwrap_or(true),
+    }))
 }
 
 const EVENT_TYPES: &[&str] = &[
@@ -285,6 +448,9 @@ const ENV_KEYS: &[&str] = &[
     "COUNTERSIGN_DATABASE_URL_FILE",
     "COUNTERSIGN_KEYS_DIR",
     "COUNTERSIGN_LOG",
+    "COUNTERSIGN_SLACK_BOT_TOKEN",
+    "COUNTERSIGN_SLACK_SIGNING_SECRET",
+    "COUNTERSIGN_SMTP_PASSWORD",
 ];
 
 /// The default data directory: `$XDG_DATA_HOME/countersign`, else
@@ -465,7 +631,10 @@ impl Config {
         if !(1..=24 * 30).contains(&session_hours) {
             bail!("session_hours must be between 1 and 720");
         }
-        let notify = notify_config(file.webhooks, file.notify, file.reminders)?;
+        let mut notify = notify_config(file.webhooks, file.notify, file.reminders)?;
+        notify.slack = slack_config(file.slack, &env)?;
+        notify.email = email_config(file.email, &env)?;
+        notify.public_url = public_url.trim_end_matches('/').to_string();
         Ok(Self {
             notify,
             database,
@@ -585,6 +754,71 @@ mod tests {
         )
         .unwrap();
         assert_eq!(c.listen.port(), 9002);
+    }
+
+    #[test]
+    fn slack_and_email_secrets_come_from_the_file_a_file_or_the_environment() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("c.toml");
+        std::fs::write(tmp.path().join("smtp-password"), "from-a-file\n").unwrap();
+        std::fs::write(
+            &path,
+            format!(
+                "[slack]\nbot_token = \"xoxb-inline\"\nsigning_secret = \"inline-secret\"\n[slack.approvers]\nU0123ABC = \"Alice\"\n[email]\nsmtp_url = \"smtps://mail.example.com\"\nfrom = \"countersign <approvals@example.com>\"\nusername = \"approvals\"\npassword_file = \"{}\"\n[email.approvers]\n\"Alice@Example.com\" = \"alice\"\n",
+                tmp.path().join("smtp-password").display()
+            ),
+        )
+        .unwrap();
+        let flags = Overrides {
+            config: Some(path.clone()),
+            ..Overrides::default()
+        };
+        let c = Config::resolve(&flags, &[]).unwrap();
+        let slack = c.notify.slack.as_ref().unwrap();
+        assert_eq!(slack.bot_token, "xoxb-inline");
+        assert_eq!(slack.api_base_url, "https://slack.com/api");
+        assert_eq!(slack.approvers["U0123ABC"], "alice");
+        let email = c.notify.email.as_ref().unwrap();
+        assert_eq!(email.password.as_deref(), Some("from-a-file"));
+        assert_eq!(email.smtp.port, 465);
+        assert_eq!(email.approvers["alice@example.com"], "alice");
+        assert!(!email.token_decisions);
+        assert_eq!(email.token_minutes, 30);
+        assert!(email.follow_ups);
+        assert!(!c.notify.is_empty());
+        assert!(
+            !format!("{c:?}").contains("xoxb-inline"),
+            "secrets stay out of Debug"
+        );
+
+        let c = Config::resolve(
+            &flags,
+            &vars(&[
+                ("COUNTERSIGN_SLACK_BOT_TOKEN", "xoxb-env"),
+                ("COUNTERSIGN_SLACK_SIGNING_SECRET", "env-secret"),
+                ("COUNTERSIGN_SMTP_PASSWORD", "env-password"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.notify.slack.as_ref().unwrap().bot_token, "xoxb-env");
+        assert_eq!(
+            c.notify.slack.as_ref().unwrap().signing_secret,
+            "env-secret"
+        );
+        assert_eq!(
+            c.notify.email.as_ref().unwrap().password.as_deref(),
+            Some("env-password")
+        );
+
+        let err = Config::resolve(
+            &Overrides::default(),
+            &vars(&[
+                ("HOME", tmp.path().to_str().unwrap()),
+                ("COUNTERSIGN_SLACK_BOT_TOKEN", "xoxb-env"),
+            ]),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("no [slack] section"), "{err}");
     }
 
     #[test]

@@ -73,8 +73,11 @@ enum Command {
     /// Copy an installation into a fresh database (e.g. SQLite to PostgreSQL), log,
     /// proofs, requests, tokens and accounts intact.
     MigrateData(cmd::migrate::MigrateDataArgs),
-    /// Check the data directory, database, key and listening address.
+    /// Check the data directory, database, key, listening address and channels (Slack,
+    /// email, webhooks).
     Doctor(cmd::doctor::DoctorArgs),
+    /// Send a test email through the configured SMTP server.
+    SendTestEmail(cmd::send_test_email::SendTestEmailArgs),
 }
 
 fn main() -> ExitCode {

@@ -10,7 +10,9 @@
 //! dies mid-send leaves the lease to expire and another sends it again with the same
 //! message id (webhook receivers deduplicate by `webhook-id`).
 
+pub mod email;
 mod plan;
+pub mod slack;
 pub mod webhook;
 
 use std::sync::Arc;
@@ -99,13 +101,50 @@ pub struct NotifyConfig {
     /// send it again (0: the default, 60 s). A send is cut off after this long (at most
     /// 10 s), so a live sender never outlasts its lease.
     pub lease_seconds: u64,
+    /// The Slack app requests are posted as, if configured.
+    pub slack: Option<slack::SlackConfig>,
+    /// The SMTP server emails go through, if configured.
+    pub email: Option<email::EmailConfig>,
+    /// How people reach this server, for links in messages.
+    pub public_url: String,
 }
 
 impl NotifyConfig {
     pub fn is_empty(&self) -> bool {
-        self.webhooks.is_empty() && self.default_routes.is_empty()
+        self.webhooks.is_empty()
+            && self.default_routes.is_empty()
+            && self.slack.is_none()
+            && self.email.is_none()
     }
 }
+
+/// What the interactive endpoints (`/slack/interactivity`, `/email/...`) need; put on
+/// the router by [`attach`].
+pub struct Channels {
+    pub config: NotifyConfig,
+    pub http: reqwest::Client,
+}
+
+/// Makes the configured channels' interactive endpoints work on `router`.
+pub fn attach(router: axum::Router, config: &NotifyConfig) -> Result<axum::Router, GateError> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| GateError::Store(StoreError::Backend(format!("HTTP client: {e}"))))?;
+    let channels = Arc::new(Channels {
+        config: config.clone(),
+        http,
+    });
+    Ok(router.layer(axum::Extension(channels)))
+}
+
+/// Marks a delivery error that retrying cannot fix (an unknown Slack channel, a refused
+/// address): the outbox gives the delivery up at once instead of backing off.
+pub(crate) fn permanent(message: impl std::fmt::Display) -> String {
+    format!("{PERMANENT}{message}")
+}
+
+const PERMANENT: &str = "permanent: ";
 
 /// A message to send, as planned from an event.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -161,6 +200,9 @@ pub enum DeliveryStatus {
     Pending,
     Sent,
     Failed,
+    /// Not sent, on purpose; `last_error` says why (e.g. a Slack user who is not an
+    /// approver, emailed instead; a request already closed).
+    Skipped,
 }
 
 pub(crate) const PENDING: &str = "delivery.pending";
@@ -293,9 +335,15 @@ impl Notifier {
         if self.store().doc_get(DONE, &delivery.id).await?.is_some() {
             return Ok(false);
         }
+        // A delivery planned as already finished (skipped) goes straight to the history.
+        let kind = if delivery.status == DeliveryStatus::Pending {
+            PENDING
+        } else {
+            DONE
+        };
         match self
             .store()
-            .doc_insert(&doc_of(delivery, PENDING, 1, self.now())?, None)
+            .doc_insert(&doc_of(delivery, kind, 1, self.now())?, None)
             .await
         {
             Ok(()) => Ok(true),
@@ -344,6 +392,12 @@ impl Notifier {
                 Err(StoreError::Conflict(_) | StoreError::NotFound { .. }) => continue,
                 Err(e) => return Err(e.into()),
             }
+            // Planned again after another process had already sent and retired it: the
+            // history has it, so it must not go out twice.
+            if self.store().doc_get(DONE, &claimed.id).await?.is_some() {
+                self.store().doc_delete(PENDING, &claimed.id).await?;
+                continue;
+            }
             let result = self.send(&claimed).await;
             self.finish(claimed, doc.version + 2, result).await?;
             sent += 1;
@@ -370,10 +424,13 @@ impl Notifier {
                 )
                 .await
             }
-            other => Err(format!(
-                "{} is not configured on this server",
-                other.label()
-            )),
+            DeliveryChannel::Slack { to, reminder } => {
+                slack::send_post(self, delivery, to, *reminder).await
+            }
+            DeliveryChannel::SlackUpdate { .. } => slack::send_update(self, delivery).await,
+            DeliveryChannel::Email { to, reminder } => {
+                email::send(self, delivery, to, *reminder).await
+            }
         }
     }
 
@@ -387,19 +444,39 @@ impl Notifier {
         delivery.lease_until = None;
         match result {
             Ok(receipt) => {
-                delivery.status = DeliveryStatus::Sent;
+                // A transport that chose not to send says why (e.g. the request closed).
+                let skipped = receipt
+                    .as_ref()
+                    .and_then(|r| r.get("skipped"))
+                    .and_then(|s| s.as_str())
+                    .map(str::to_string);
+                delivery.status = if skipped.is_some() {
+                    DeliveryStatus::Skipped
+                } else {
+                    DeliveryStatus::Sent
+                };
                 delivery.receipt = receipt;
-                delivery.last_error = None;
+                delivery.last_error = skipped;
                 delivery.finished_at = Some(now);
                 self.retire(&delivery, now).await
             }
             Err(error) => {
                 tracing::warn!(delivery = %delivery.id, attempt = delivery.attempts, %error, "delivery failed");
-                delivery.last_error = Some(error);
-                if delivery.attempts >= self.config.max_attempts {
+                let given_up = error.starts_with(PERMANENT);
+                delivery.last_error = Some(match error.strip_prefix(PERMANENT) {
+                    Some(rest) => format!("{rest} (not retried)"),
+                    None => error,
+                });
+                if given_up || delivery.attempts >= self.config.max_attempts {
                     delivery.status = DeliveryStatus::Failed;
                     delivery.finished_at = Some(now);
-                    return self.retire(&delivery, now).await;
+                    self.retire(&delivery, now).await?;
+                    // A Slack message that cannot be delivered falls back to email.
+                    for fallback in plan::fallback(&self.config, &self.gate, &delivery, now).await?
+                    {
+                        self.insert(&fallback).await?;
+                    }
+                    return Ok(());
                 }
                 delivery.next_at = now.plus_seconds(backoff(delivery.attempts));
                 match self

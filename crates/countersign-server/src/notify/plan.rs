@@ -1,6 +1,6 @@
 //! Planning: which deliveries an event (or a long wait) calls for.
 
-use countersign_core::{Status, Timestamp};
+use countersign_core::{ApprovalRequest, Status, Timestamp};
 use countersign_store::{RequestQuery, StoredEvent};
 
 use super::{
@@ -89,14 +89,292 @@ pub async fn plan(
             out.push(d);
         }
     }
+    if let Some(request) = &request {
+        match kind {
+            "request.created" => out.extend(route_deliveries(config, gate, request, event, now)),
+            "request.decided" | "request.timed_out" | "request.cancelled" => {
+                out.extend(closing_deliveries(config, gate, request, kind, now).await?);
+            }
+            _ => {}
+        }
+    }
     Ok(out)
 }
 
 /// Whether this server can deliver to `route` (its transport is configured).
-fn supported(_config: &NotifyConfig, route: &Route) -> bool {
+fn supported(config: &NotifyConfig, route: &Route) -> bool {
     match route {
-        Route::Slack(_) | Route::Email(_) => false,
+        Route::Slack(_) => config.slack.is_some(),
+        Route::Email(_) => config.email.is_some(),
     }
+}
+
+/// Where a request's notifications go: Slack first; email instead of a Slack user who
+/// is not an approver, and as the fallback if Slack delivery fails for good.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Routing {
+    pub primary: Vec<Route>,
+    /// Emailed if a Slack message fails for good.
+    pub fallback: Vec<Route>,
+    /// Routes not used, and why (shown in the delivery history).
+    pub skipped: Vec<(Route, String)>,
+}
+
+pub(crate) fn routing(config: &NotifyConfig, request: &ApprovalRequest) -> Routing {
+    let mut out = Routing::default();
+    let routes = super::plan_routes(config, request);
+    let emails: Vec<Route> = routes
+        .iter()
+        .filter(|r| matches!(r, Route::Email(_)) && supported(config, r))
+        .cloned()
+        .collect();
+    let mut slacks = Vec::new();
+    for route in &routes {
+        match route {
+            Route::Slack(to) if !supported(config, route) => out.skipped.push((
+                route.clone(),
+                if emails.is_empty() {
+                    format!("not sent: Slack is not configured on this server ([slack]), so {to} cannot be reached")
+                } else {
+                    format!("not sent: Slack is not configured on this server ([slack]); emailed {} instead", names(&emails))
+                },
+            )),
+            Route::Email(to) if !supported(config, route) => out.skipped.push((
+                route.clone(),
+                format!("not sent: email is not configured on this server ([email]), so {to} cannot be reached"),
+            )),
+            Route::Slack(to)
+                if !emails.is_empty()
+                    && super::slack::is_user_id(to)
+                    && !config
+                        .slack
+                        .as_ref()
+                        .is_some_and(|s| s.approvers.contains_key(to)) =>
+            {
+                out.skipped.push((
+                    route.clone(),
+                    format!(
+                        "not sent: Slack user {to} is not mapped to a countersign approver ([slack.approvers]); emailed {} instead",
+                        names(&emails)
+                    ),
+                ))
+            }
+            Route::Slack(_) => slacks.push(route.clone()),
+            Route::Email(_) => {}
+        }
+    }
+    if slacks.is_empty() {
+        out.primary = emails;
+    } else {
+        out.primary = slacks;
+        out.fallback = emails;
+    }
+    out
+}
+
+fn names(routes: &[Route]) -> String {
+    routes
+        .iter()
+        .map(|r| match r {
+            Route::Slack(to) | Route::Email(to) => to.as_str(),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn channel_of(route: &Route, reminder: bool) -> (DeliveryChannel, String) {
+    match route {
+        Route::Slack(to) => (
+            DeliveryChannel::Slack {
+                to: to.clone(),
+                reminder,
+            },
+            format!("slack.{to}"),
+        ),
+        Route::Email(to) => (
+            DeliveryChannel::Email {
+                to: to.clone(),
+                reminder,
+            },
+            format!("email.{to}"),
+        ),
+    }
+}
+
+/// A new request: its Slack messages or emails, and a history line for each route not
+/// used.
+fn route_deliveries(
+    config: &NotifyConfig,
+    gate: &Gate,
+    request: &ApprovalRequest,
+    event: &StoredEvent,
+    now: Timestamp,
+) -> Vec<Delivery> {
+    let routing = routing(config, request);
+    let mut out = Vec::new();
+    for route in &routing.primary {
+        let (channel, target) = channel_of(route, false);
+        let mut d = delivery(
+            gate,
+            format!("{:012}.{target}", event.seq),
+            Some(request.id.clone()),
+            "request.created",
+            channel,
+            now,
+        );
+        d.seq = event.seq;
+        out.push(d);
+    }
+    for (route, note) in routing.skipped {
+        let (channel, target) = channel_of(&route, false);
+        let mut d = delivery(
+            gate,
+            format!("{:012}.{target}", event.seq),
+            Some(request.id.clone()),
+            "request.created",
+            channel,
+            now,
+        );
+        d.seq = event.seq;
+        d.status = DeliveryStatus::Skipped;
+        d.last_error = Some(note);
+        d.finished_at = Some(now);
+        out.push(d);
+    }
+    out
+}
+
+/// An update of one posted Slack message to the request's outcome.
+pub(crate) fn slack_update(
+    gate: &Gate,
+    request_id: &str,
+    message_delivery_id: &str,
+    channel: &str,
+    ts: &str,
+    event_type: &str,
+    now: Timestamp,
+) -> Delivery {
+    let mut d = delivery(
+        gate,
+        format!("update.{request_id}.{message_delivery_id}"),
+        Some(request_id.to_string()),
+        event_type,
+        DeliveryChannel::SlackUpdate {
+            to: channel.to_string(),
+        },
+        now,
+    );
+    d.body = Some(serde_json::json!({"channel": channel, "ts": ts}).to_string());
+    d
+}
+
+/// The follow-up email telling `to` how a request ended.
+pub(crate) fn follow_up(
+    gate: &Gate,
+    request: &ApprovalRequest,
+    to: &str,
+    event_type: &str,
+    now: Timestamp,
+) -> Delivery {
+    delivery(
+        gate,
+        format!("followup.{}.email.{}", request.id, to.to_ascii_lowercase()),
+        Some(request.id.clone()),
+        event_type,
+        DeliveryChannel::Email {
+            to: to.to_string(),
+            reminder: false,
+        },
+        now,
+    )
+}
+
+/// A closed request: every Slack message sent for it is updated, and everyone emailed
+/// about it gets a follow-up (when enabled). Its unused email tokens are dropped.
+async fn closing_deliveries(
+    config: &NotifyConfig,
+    gate: &Gate,
+    request: &ApprovalRequest,
+    kind: &str,
+    now: Timestamp,
+) -> Result<Vec<Delivery>, GateError> {
+    let mut out = Vec::new();
+    let prefix = format!("{}/", request.id);
+    if config.slack.is_some() {
+        for doc in gate
+            .store()
+            .doc_list(super::slack::MESSAGE, &prefix, 1000)
+            .await?
+        {
+            let field = |name: &str| {
+                doc.body
+                    .get(name)
+                    .and_then(|v| v.as_str())
+                    .unwrap_or_default()
+                    .to_string()
+            };
+            out.push(slack_update(
+                gate,
+                &request.id,
+                &field("delivery_id"),
+                &field("channel"),
+                &field("ts"),
+                kind,
+                now,
+            ));
+        }
+    }
+    if let Some(email) = &config.email {
+        if email.follow_ups {
+            for doc in gate
+                .store()
+                .doc_list(super::email::SENT, &prefix, 1000)
+                .await?
+            {
+                if let Some(to) = doc.body.get("to").and_then(|v| v.as_str()) {
+                    out.push(follow_up(gate, request, to, kind, now));
+                }
+            }
+        }
+        super::email::forget_tokens(gate, &request.id).await?;
+    }
+    Ok(out)
+}
+
+/// The email fallback for a Slack message that failed for good.
+pub(crate) async fn fallback(
+    config: &NotifyConfig,
+    gate: &Gate,
+    failed: &Delivery,
+    now: Timestamp,
+) -> Result<Vec<Delivery>, GateError> {
+    let DeliveryChannel::Slack { reminder, .. } = &failed.channel else {
+        return Ok(Vec::new());
+    };
+    let Some(id) = &failed.subject else {
+        return Ok(Vec::new());
+    };
+    let Some(request) = gate.store().get_request(id).await? else {
+        return Ok(Vec::new());
+    };
+    if request.status != Status::Pending {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for route in routing(config, &request).fallback {
+        let (channel, target) = channel_of(&route, *reminder);
+        let mut d = delivery(
+            gate,
+            format!("fallback.{}.{target}", failed.id),
+            Some(request.id.clone()),
+            &failed.event_type,
+            channel,
+            now,
+        );
+        d.seq = failed.seq;
+        out.push(d);
+    }
+    Ok(out)
 }
 
 /// Reminders for requests pending longer than the quiet period, and escalations for
@@ -121,7 +399,7 @@ pub async fn reminders(
         let waited = request.requested_at.millis_until(now).max(0) as u64 / 1000;
         let mut routes: Vec<(&str, Route)> = Vec::new();
         if waited >= reminders.after_seconds {
-            for route in super::plan_routes(config, request) {
+            for route in routing(config, request).primary {
                 routes.push(("reminder", route));
             }
         }
@@ -136,22 +414,7 @@ pub async fn reminders(
             if !supported(config, &route) {
                 continue;
             }
-            let (channel, target) = match &route {
-                Route::Slack(to) => (
-                    DeliveryChannel::Slack {
-                        to: to.clone(),
-                        reminder: true,
-                    },
-                    format!("slack.{to}"),
-                ),
-                Route::Email(to) => (
-                    DeliveryChannel::Email {
-                        to: to.clone(),
-                        reminder: true,
-                    },
-                    format!("email.{to}"),
-                ),
-            };
+            let (channel, target) = channel_of(&route, true);
             out.push(delivery(
                 gate,
                 format!("{what}.{}.{target}", request.id),

@@ -43,6 +43,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         Some(path) => r.ok(&format!("config file {} is valid", path.display())),
         None => r.ok("no config file; using defaults and COUNTERSIGN_* variables"),
     }
+    check_channels(config, &mut r).await;
 
     let dir = &config.data_dir;
     if !dir.exists() {
@@ -134,6 +135,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
             }
             Err(e) => r.fail(&format!("database {}: {e}", config.database.describe())),
         }
+        check_approver_accounts(config, store, &mut r).await;
     }
 
     match KeyRing::open_existing(&config.keys_dir()) {
@@ -181,6 +183,145 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(finish(&r))
+}
+
+/// Slack, email and webhooks: each configured channel gets an ok or FAIL line.
+async fn check_channels(config: &Config, r: &mut Report) {
+    use countersign_server::notify::{Route, email, slack};
+    let notify = &config.notify;
+    let http = match reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(10))
+        .build()
+    {
+        Ok(http) => http,
+        Err(e) => {
+            r.fail(&format!("cannot build an HTTP client: {e}"));
+            return;
+        }
+    };
+    let public_is_loopback = reqwest::Url::parse(&config.public_url)
+        .ok()
+        .and_then(|u| u.host_str().map(str::to_string))
+        .is_some_and(|h| matches!(h.as_str(), "localhost" | "127.0.0.1" | "[::1]"));
+    match &notify.slack {
+        None => r.ok("Slack: not configured"),
+        Some(s) => {
+            match slack::auth_test(&http, s).await {
+                Ok(who) => r.ok(&format!("Slack: {who} ({})", s.api_base_url)),
+                Err(e) => r.fail(&format!("Slack: {e}")),
+            }
+            if s.approvers.is_empty() {
+                r.warn("Slack: [slack.approvers] is empty, so nobody can decide from Slack (clicks are refused)");
+            } else {
+                r.ok(&format!(
+                    "Slack: {} approver(s) mapped; interactivity URL {}/slack/interactivity",
+                    s.approvers.len(),
+                    config.public_url
+                ));
+            }
+            if public_is_loopback {
+                r.warn(&format!(
+                    "Slack: public_url is {}, which Slack cannot reach: set public_url to this server's public https:// address",
+                    config.public_url
+                ));
+            }
+        }
+    }
+    match &notify.email {
+        None => r.ok("email: not configured"),
+        Some(e) => {
+            match email::test_connection(e).await {
+                Ok(()) => r.ok(&format!(
+                    "email: connected to {}{}",
+                    e.smtp.describe(),
+                    if e.username.is_some() {
+                        " and signed in"
+                    } else {
+                        ""
+                    }
+                )),
+                Err(err) => r.fail(&format!("email: {err}")),
+            }
+            if e.token_decisions {
+                r.ok(&format!(
+                    "email: one-time decision links are on ({} minutes, single use)",
+                    e.token_minutes
+                ));
+                if config.public_url.starts_with("http://") && !public_is_loopback {
+                    r.warn("email: decision links use public_url over plain http://; put countersign behind TLS");
+                }
+            }
+        }
+    }
+    for w in &notify.webhooks {
+        match reqwest::Url::parse(&w.url) {
+            Ok(url) if url.host_str().is_some() => {
+                if url.scheme() == "http"
+                    && !matches!(url.host_str(), Some("localhost" | "127.0.0.1" | "[::1]"))
+                {
+                    r.warn(&format!(
+                        "webhook {}: {} is plain http://; receivers should use https://",
+                        w.name, w.url
+                    ));
+                } else {
+                    r.ok(&format!("webhook {}: {}", w.name, w.url));
+                }
+            }
+            Ok(_) => r.fail(&format!("webhook {}: {} has no host", w.name, w.url)),
+            Err(e) => r.fail(&format!("webhook {}: {} is not a URL: {e}", w.name, w.url)),
+        }
+    }
+    let mut routes: Vec<&Route> = notify.default_routes.iter().collect();
+    if let Some(rem) = &notify.reminders {
+        routes.extend(rem.escalate_to.iter());
+    }
+    for route in routes {
+        match route {
+            Route::Slack(to) if notify.slack.is_none() => r.fail(&format!(
+                "route slack:{to} is configured but Slack is not ([slack])"
+            )),
+            Route::Email(to) if notify.email.is_none() => r.fail(&format!(
+                "route email:{to} is configured but email is not ([email])"
+            )),
+            _ => {}
+        }
+    }
+}
+
+/// Every approver mapping points at an account that can decide.
+async fn check_approver_accounts(config: &Config, store: &Arc<dyn Store>, r: &mut Report) {
+    let mut mappings: Vec<(String, String)> = Vec::new();
+    if let Some(s) = &config.notify.slack {
+        for (id, user) in &s.approvers {
+            mappings.push((format!("[slack.approvers] {id}"), user.clone()));
+        }
+    }
+    if let Some(e) = &config.notify.email {
+        for (address, user) in &e.approvers {
+            mappings.push((format!("[email.approvers] {address}"), user.clone()));
+        }
+    }
+    for (what, username) in mappings {
+        let doc = store.doc_by_key("user", &username).await;
+        match doc {
+            Ok(Some(doc)) => {
+                let disabled = doc.body.get("disabled").and_then(|v| v.as_bool()) == Some(true);
+                let active = doc.body.get("password_hash").is_some_and(|v| !v.is_null());
+                let role = doc.body.get("role").and_then(|v| v.as_str()).unwrap_or("");
+                if disabled {
+                    r.warn(&format!("{what} → {username}: that account is disabled"));
+                } else if !active {
+                    r.warn(&format!("{what} → {username}: that account has not accepted its invitation yet"));
+                } else if !matches!(role, "approver" | "admin") {
+                    r.warn(&format!("{what} → {username}: that account cannot decide (role {role})"));
+                }
+            }
+            Ok(None) => r.warn(&format!(
+                "{what} → {username}: no dashboard account has that username (countersign user add --username {username} --role approver)"
+            )),
+            Err(e) => r.fail(&format!("cannot read accounts: {e}")),
+        }
+    }
 }
 
 fn finish(r: &Report) -> ExitCode {

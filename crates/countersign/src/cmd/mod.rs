@@ -8,6 +8,7 @@ pub mod keys;
 pub mod log;
 pub mod mcp;
 pub mod migrate;
+pub mod send_test_email;
 pub mod serve;
 pub mod token;
 pub mod user;
@@ -48,6 +49,7 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
         Command::VerifyBundle(args) => log::verify_bundle(&config, &args).await,
         Command::Log(command) => log::run(&config, command).await,
         Command::Doctor(_) => doctor::run(&config).await,
+        Command::SendTestEmail(args) => send_test_email::run(&config, &args).await,
         Command::Migrate => migrate::migrate(&config).await,
         Command::MigrateData(args) => migrate::migrate_data(&config, &args).await,
     }

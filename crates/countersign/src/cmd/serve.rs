@@ -40,6 +40,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
     let mut config = config.clone();
     if config.public_url == format!("http://{}", config.listen) {
         config.public_url = format!("http://{addr}");
+        config.notify.public_url = config.public_url.clone();
     }
     let config = &config;
     let shutdown = CancellationToken::new();
@@ -50,6 +51,8 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         public_url: config.public_url.clone(),
     };
     let app = countersign_server::router(gate.clone(), &http, shutdown.clone());
+    // Slack's interactivity endpoint and the email decision page need the channels.
+    let app = countersign_server::notify::attach(app, &config.notify)?;
     tokio::spawn(gate.clone().run_expiry(shutdown.clone()));
     tokio::spawn(
         gate.log()
