@@ -136,6 +136,22 @@ fn explain(code: &str) -> &'static str {
     }
 }
 
+/// An error and what lies beneath it ("connection refused" rather than "error sending
+/// request").
+fn with_causes(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        let more = cause.to_string();
+        if !text.contains(&more) {
+            text.push_str(": ");
+            text.push_str(&more);
+        }
+        source = cause.source();
+    }
+    text
+}
+
 /// Calls a Web API method with a JSON body; `Ok` holds Slack's answer (`ok: true`).
 pub async fn call(
     http: &reqwest::Client,
@@ -151,7 +167,12 @@ pub async fn call(
         .body(body.to_string())
         .send()
         .await
-        .map_err(|e| ApiFailure::transient(format!("could not reach Slack at {url}: {e}")))?;
+        .map_err(|e| {
+            ApiFailure::transient(format!(
+                "could not reach Slack at {url}: {}",
+                with_causes(&e)
+            ))
+        })?;
     let status = response.status();
     if status == reqwest::StatusCode::TOO_MANY_REQUESTS {
         return Err(ApiFailure::transient(format!(
