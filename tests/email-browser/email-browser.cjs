@@ -74,6 +74,10 @@ async function confirm(browser, url) {
   const address_bar = page.url();
   await page.locator("#approve").waitFor({ state: "visible" });
   const shown = await page.locator("#request").innerText();
+  if (process.env.SCREENSHOT_DIR) {
+    await page.setViewportSize({ width: 390, height: 844 });
+    await page.screenshot({ path: `${process.env.SCREENSHOT_DIR}/email-decide-phone.png`, fullPage: true });
+  }
   await page.locator("#comment").fill("Confirmed from the emailed link");
   await page.locator("#approve").click();
   await page.locator("#message.ok").waitFor({ state: "visible" });

@@ -29,6 +29,11 @@ async function post(path, body) {
   return data;
 }
 
+function when(iso) {
+  const d = new Date(iso);
+  return Number.isNaN(d.getTime()) ? iso : d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+}
+
 function row(key, value) {
   const tr = document.createElement("tr");
   const th = document.createElement("th");
@@ -47,8 +52,14 @@ function render(data) {
   details.replaceChildren(
     ...Object.entries(r.action_details || {}).map(([k, v]) => row(k, v)),
   );
-  $("meta").textContent =
-    `Asked by ${r.requested_by} · requested ${r.requested_at} · expires ${r.expires_at} · ${r.request_id}`;
+  const meta = $("meta");
+  meta.replaceChildren(
+    `Asked by ${r.requested_by} at ${when(r.requested_at)}`,
+    document.createElement("br"),
+    `Expires ${when(r.expires_at)}; not approved unless someone approves it`,
+    document.createElement("br"),
+    `Request ${r.request_id}`,
+  );
   if (!data.can_decide) {
     $("decide").hidden = true;
     show(data.outcome || `This request is ${r.status}.`, "info");
@@ -57,7 +68,7 @@ function render(data) {
   $("message").hidden = true;
   $("decide").hidden = false;
   $("as").textContent =
-    `You are deciding as ${data.approver.display_name} (${data.approver.username}). This link works once, until ${data.token_expires_at}.`;
+    `You are deciding as ${data.approver.display_name} (${data.approver.username}). This link works once, until ${when(data.token_expires_at)}.`;
   const fields = $("fields");
   fields.replaceChildren();
   for (const name of r.requested_fields || []) {

@@ -965,6 +965,11 @@ async fn browser(args: &[&str]) -> Value {
     cmd.arg(root.join("tests/email-browser/email-browser.cjs"))
         .args(args)
         .env("NODE_PATH", root.join("tests/browser/node_modules"))
+        .env("SCREENSHOT_DIR", {
+            let dir = root.join("target/screenshots");
+            std::fs::create_dir_all(&dir).unwrap();
+            dir
+        })
         .stdin(Stdio::null())
         .kill_on_drop(true);
     let out = tokio::time::timeout(Duration::from_secs(90), cmd.output())

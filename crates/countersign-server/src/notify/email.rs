@@ -714,8 +714,9 @@ async fn decider(gate: &Gate, record: &TokenRecord) -> Result<Decider, GateError
 fn token_decisions_on(channels: &Option<Extension<Arc<Channels>>>) -> Result<(), GateError> {
     match channels {
         Some(Extension(c)) if c.config.email.as_ref().is_some_and(|e| e.token_decisions) => Ok(()),
-        _ => Err(GateError::NotFound(
-            "email decisions (they are off on this server)".into(),
+        _ => Err(GateError::Forbidden(
+            "Email decision links are off on this server: open the request in the dashboard."
+                .into(),
         )),
     }
 }
