@@ -1,5 +1,7 @@
-// The approver's dashboard: what needs you, history, and (for admins) users. Live
-// through Server-Sent Events; every state change is a POST carrying the CSRF token.
+// The approver's dashboard: what needs you, history, rooms and (for admins) users.
+// Live through Server-Sent Events; every state change is a POST carrying the CSRF token.
+
+import { createRooms } from "/assets/rooms.js";
 
 const state = {
   me: null,
@@ -120,6 +122,7 @@ function card(request) {
 
 async function loadList() {
   const items = $("items");
+  if (state.view === "rooms") return undefined;
   if (state.view === "users") return loadUsers();
   const params = new URLSearchParams();
   if (state.view === "needs") params.set("view", "pending");
@@ -141,11 +144,18 @@ async function loadList() {
     $("needs-count").classList.toggle("zero", state.requests.length === 0);
     announceNew(state.requests);
   }
+  // Re-rendering replaces the cards; keep the keyboard where it was.
+  const focused = document.activeElement && document.activeElement.closest && document.activeElement.closest(".card");
+  const focusedId = focused ? focused.dataset.id : null;
   items.replaceChildren(
     ...(state.requests.length
       ? state.requests.map(card)
       : [el("p", { class: "empty" }, state.view === "needs" ? "Nothing needs you right now." : "No requests match.")]),
   );
+  if (focusedId) {
+    const again = [...items.querySelectorAll(".card")].find((c) => c.dataset.id === focusedId);
+    if (again) again.focus();
+  }
 }
 
 function announceNew(pending) {
@@ -179,6 +189,9 @@ async function loadDetail(notice) {
     body.replaceChildren(el("p", { class: "notice error" }, err.message));
     return;
   }
+  // A decision this page just made arrives over the live feed too: it is ours, not
+  // "elsewhere", whichever of the two reloads lands last.
+  if (state.decidedHere && state.decidedHere.id === state.detail.request_id) notice = state.decidedHere.notice;
   renderDetail(notice);
 }
 
@@ -273,7 +286,9 @@ function decisionForm(r) {
         method: "POST",
         body: { decision, comment: comment.value || null, fields, expected_version: r.version },
       });
-      await loadDetail({ kind: "ok", text: decision === "approved" ? "Approved. The agent has its proof." : "Rejected. The agent has been told." });
+      const done = { kind: "ok", text: decision === "approved" ? "Approved. The agent has its proof." : "Rejected. The agent has been told." };
+      state.decidedHere = { id: r.request_id, notice: done };
+      await loadDetail(done);
       await loadList();
     } catch (err) {
       approve.disabled = reject.disabled = false;
@@ -312,11 +327,16 @@ async function loadUsers() {
   const username = el("input", { id: "invite-username", required: true });
   const role = el("select", { id: "invite-role" }, el("option", { value: "approver" }, "approver"), el("option", { value: "admin" }, "admin"));
   const result = el("div", { role: "status" });
+  // The last link created stays on screen across re-renders (live updates reload this
+  // view), or the admin would never get to copy it.
+  if (state.lastInvite) {
+    result.className = "notice ok";
+    result.replaceChildren(`Send this one-time link to ${state.lastInvite.username} (it expires in 24 hours): `, el("code", { class: "cmd" }, state.lastInvite.link));
+  }
   const invite = async () => {
     try {
       const made = await api("/ui/api/users/invite", { method: "POST", body: { username: username.value, role: role.value } });
-      result.className = "notice ok";
-      result.replaceChildren("Send this one-time link to the new approver (it expires in 24 hours): ", el("code", { class: "cmd" }, made.link));
+      state.lastInvite = { username: made.user.username, link: made.link };
       await loadUsers();
     } catch (err) {
       result.className = "notice error";
@@ -360,6 +380,7 @@ function connect() {
   });
   source.addEventListener("change", (event) => {
     const change = JSON.parse(event.data);
+    if (state.rooms) state.rooms.onChange(change);
     loadList();
     if (change.subject && change.subject === state.selected) {
       const notice = change.type === "request_decided" && state.detail && state.detail.status === "pending"
@@ -380,12 +401,18 @@ function connect() {
 
 function setView(view) {
   state.view = view;
-  document.querySelectorAll("nav.side button").forEach((b) => {
+  document.querySelectorAll("nav.side button[data-view]").forEach((b) => {
     if (b.dataset.view === view) b.setAttribute("aria-current", "page");
     else b.removeAttribute("aria-current");
   });
-  $("list-title").textContent = { needs: "Needs you", history: "History", users: "Users" }[view];
+  $("list-title").textContent = { needs: "Needs you", history: "History", users: "Users", rooms: "Rooms" }[view];
   $("filters").hidden = view !== "history";
+  if (view === "rooms") {
+    state.rooms.show();
+    return;
+  }
+  state.rooms.hide();
+  if (location.search) history.replaceState(null, "", "/");
   loadList();
 }
 
@@ -395,7 +422,16 @@ async function start() {
   state.csrf = me.csrf_token;
   $("who").textContent = `${me.user.display_name} (${me.user.role})`;
   $("nav-users").hidden = me.user.role !== "admin";
-  document.querySelectorAll("nav.side button").forEach((b) => b.addEventListener("click", () => setView(b.dataset.view)));
+  document.querySelectorAll("nav.side button[data-view]").forEach((b) => b.addEventListener("click", () => setView(b.dataset.view)));
+  state.rooms = createRooms({
+    api,
+    me: me.user,
+    openRequest: (id) => {
+      setView("needs");
+      select(id);
+    },
+  });
+  const roomLink = await state.rooms.init();
   for (const id of ["q", "agent", "status-filter"]) $(id).addEventListener("input", () => loadList());
   $("sheet-close").addEventListener("click", () => $("detail").classList.remove("open"));
   $("logout").addEventListener("click", async () => {
@@ -413,7 +449,8 @@ async function start() {
   });
   const match = location.pathname.match(/^\/requests\/(.+)$/);
   if (match) state.selected = decodeURIComponent(match[1]);
-  await loadList();
+  if (roomLink) setView("rooms");
+  else await loadList();
   if (state.selected) select(state.selected);
   connect();
 }

@@ -18,6 +18,9 @@ use crate::gate::{Decider, Gate, new_salt};
 
 const ROOM: &str = "room";
 const MEMBER: &str = "member";
+/// One per answered question or resolved blocker, inserted with the answer's event in one
+/// transaction: of two people answering at once, exactly one wins.
+const CLOSED: &str = "room.closed";
 /// How often a member's last activity is written, at most.
 const ACTIVITY_EVERY_MS: i64 = 5_000;
 
@@ -78,15 +81,34 @@ pub struct Attention {
 }
 
 /// Writes a purge backup, mode 0600, durably, before anything is erased.
-fn write_backup(dir: &std::path::Path, room: &str, at: Timestamp, bytes: &[u8]) -> Result<std::path::PathBuf, GateError> {
+fn write_backup(
+    dir: &std::path::Path,
+    room: &str,
+    at: Timestamp,
+    bytes: &[u8],
+) -> Result<std::path::PathBuf, GateError> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
-    let fail = |e: std::io::Error| GateError::Store(StoreError::Backend(format!("could not write the backup in {}: {e}", dir.display())));
+    let fail = |e: std::io::Error| {
+        GateError::Store(StoreError::Backend(format!(
+            "could not write the backup in {}: {e}",
+            dir.display()
+        )))
+    };
     std::fs::create_dir_all(dir).map_err(fail)?;
     let path = dir.join(format!("room-{room}-{}.json", at.millis()));
-    let mut file = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(&path).map_err(fail)?;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(fail)?;
     file.write_all(bytes).map_err(fail)?;
     file.sync_all().map_err(fail)?;
+    // And the directory entry, so the file survives a power cut too.
+    std::fs::File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(fail)?;
     Ok(path)
 }
 
@@ -94,7 +116,13 @@ fn seq_of(message_id: &str) -> Option<u64> {
     message_id.strip_prefix('m').and_then(|s| s.parse().ok())
 }
 
-fn to_doc<T: Serialize>(kind: &str, id: &str, version: u64, body: &T, at: Timestamp) -> Result<Doc, GateError> {
+fn to_doc<T: Serialize>(
+    kind: &str,
+    id: &str,
+    version: u64,
+    body: &T,
+    at: Timestamp,
+) -> Result<Doc, GateError> {
     Ok(Doc {
         kind: kind.into(),
         id: id.into(),
@@ -156,7 +184,12 @@ impl Gate {
     }
 
     /// Creates a room (its title defaults to its name).
-    pub async fn create_room(&self, who: &Principal, name: &str, title: Option<&str>) -> Result<Room, GateError> {
+    pub async fn create_room(
+        &self,
+        who: &Principal,
+        name: &str,
+        title: Option<&str>,
+    ) -> Result<Room, GateError> {
         let name = rooms::room_name(name)?;
         let title = rooms::room_title(title.unwrap_or(&name))?;
         let now = self.clock().now();
@@ -169,10 +202,20 @@ impl Gate {
             purged_at: None,
             version: 1,
         };
-        let event = room_event(EventKind::RoomCreated, &name, who, now, json!({"title": title}), None);
+        let event = room_event(
+            EventKind::RoomCreated,
+            &name,
+            who,
+            now,
+            json!({"title": title}),
+            None,
+        );
         match self
             .store()
-            .doc_insert(&to_doc(ROOM, &name, 1, &room, now)?, Some(&event.seal(new_salt()?)))
+            .doc_insert(
+                &to_doc(ROOM, &name, 1, &room, now)?,
+                Some(&event.seal(new_salt()?)),
+            )
             .await
         {
             Ok(()) => {
@@ -188,14 +231,23 @@ impl Gate {
         }
     }
 
-    async fn save_room(&self, room: &mut Room, event: countersign_core::Event) -> Result<(), GateError> {
+    async fn save_room(
+        &self,
+        room: &mut Room,
+        event: countersign_core::Event,
+    ) -> Result<(), GateError> {
         room.version += 1;
         let now = self.clock().now();
         self.store()
-            .doc_update(&to_doc(ROOM, &room.name, room.version, room, now)?, Some(&event.seal(new_salt()?)))
+            .doc_update(
+                &to_doc(ROOM, &room.name, room.version, room, now)?,
+                Some(&event.seal(new_salt()?)),
+            )
             .await
             .map_err(|e| match e {
-                StoreError::Conflict(_) => GateError::BadInput(format!("room {} changed meanwhile; reload", room.name)),
+                StoreError::Conflict(_) => {
+                    GateError::BadInput(format!("room {} changed meanwhile; reload", room.name))
+                }
                 other => other.into(),
             })?;
         self.feed().poke();
@@ -209,10 +261,22 @@ impl Gate {
     }
 
     /// Room admin: rename, trash, restore, purge. People who decide only.
-    pub async fn rename_room(&self, who: &Decider, name: &str, title: &str) -> Result<Room, GateError> {
+    pub async fn rename_room(
+        &self,
+        who: &Decider,
+        name: &str,
+        title: &str,
+    ) -> Result<Room, GateError> {
         let mut room = self.existing_room(name).await?;
         room.title = rooms::room_title(title)?;
-        let event = room_event(EventKind::RoomRenamed, &room.name, who.principal(), self.clock().now(), json!({"title": room.title}), None);
+        let event = room_event(
+            EventKind::RoomRenamed,
+            &room.name,
+            who.principal(),
+            self.clock().now(),
+            json!({"title": room.title}),
+            None,
+        );
         self.save_room(&mut room, event).await?;
         Ok(room)
     }
@@ -224,7 +288,14 @@ impl Gate {
         }
         let now = self.clock().now();
         room.deleted_at = Some(now);
-        let event = room_event(EventKind::RoomDeleted, &room.name, who.principal(), now, json!({}), None);
+        let event = room_event(
+            EventKind::RoomDeleted,
+            &room.name,
+            who.principal(),
+            now,
+            json!({}),
+            None,
+        );
         self.save_room(&mut room, event).await?;
         Ok(room)
     }
@@ -235,7 +306,14 @@ impl Gate {
             return Ok(room);
         }
         room.deleted_at = None;
-        let event = room_event(EventKind::RoomRestored, &room.name, who.principal(), self.clock().now(), json!({}), None);
+        let event = room_event(
+            EventKind::RoomRestored,
+            &room.name,
+            who.principal(),
+            self.clock().now(),
+            json!({}),
+            None,
+        );
         self.save_room(&mut room, event).await?;
         Ok(room)
     }
@@ -243,9 +321,15 @@ impl Gate {
     /// Erases a trashed room's message texts after writing them, with the room, to
     /// `backup` (returned as bytes for the caller to store). The log entries stay: the
     /// room's history still verifies, its texts are gone.
-    pub async fn purge_room(&self, who: &Decider, name: &str) -> Result<(Room, std::path::PathBuf), GateError> {
+    pub async fn purge_room(
+        &self,
+        who: &Decider,
+        name: &str,
+    ) -> Result<(Room, std::path::PathBuf), GateError> {
         let dir = self.settings().backup_dir.clone().ok_or_else(|| {
-            GateError::Forbidden("this server has no backup directory, so rooms cannot be purged".into())
+            GateError::Forbidden(
+                "this server has no backup directory, so rooms cannot be purged".into(),
+            )
         })?;
         let mut room = self.existing_room(name).await?;
         if room.deleted_at.is_none() {
@@ -272,7 +356,14 @@ impl Gate {
             .collect();
         let now = self.clock().now();
         room.purged_at = Some(now);
-        let event = room_event(EventKind::RoomPurged, &room.name, who.principal(), now, json!({"backup_sha256": digest, "messages": messages.len()}), None);
+        let event = room_event(
+            EventKind::RoomPurged,
+            &room.name,
+            who.principal(),
+            now,
+            json!({"backup_sha256": digest, "messages": messages.len()}),
+            None,
+        );
         // Record the purge (and the backup's digest) first, then erase.
         self.save_room(&mut room, event).await?;
         self.store().erase_payloads(&seqs).await?;
@@ -290,11 +381,22 @@ impl Gate {
             .iter()
             .map(from_doc)
             .collect::<Result<_, _>>()?;
-        members.sort_by(|a, b| a.status.rank().cmp(&b.status.rank()).then(b.last_activity.cmp(&a.last_activity)));
+        members.sort_by(|a, b| {
+            a.status
+                .rank()
+                .cmp(&b.status.rank())
+                .then(b.last_activity.cmp(&a.last_activity))
+        });
         Ok(members)
     }
 
-    async fn touch_member(&self, who: &Principal, room: &str, status: Option<Presence>, note: Option<String>) -> Result<Member, GateError> {
+    async fn touch_member(
+        &self,
+        who: &Principal,
+        room: &str,
+        status: Option<Presence>,
+        note: Option<String>,
+    ) -> Result<Member, GateError> {
         let id = format!("{room}/{}", who.id);
         let now = self.clock().now();
         for _ in 0..20 {
@@ -314,7 +416,11 @@ impl Gate {
                     if note.is_some() {
                         member.note = note.clone();
                     }
-                    match self.store().doc_update(&to_doc(MEMBER, &id, doc.version + 1, &member, now)?, None).await {
+                    match self
+                        .store()
+                        .doc_update(&to_doc(MEMBER, &id, doc.version + 1, &member, now)?, None)
+                        .await
+                    {
                         Ok(()) => return Ok(member),
                         // Someone else refreshed it just now; for activity alone that will do.
                         Err(StoreError::Conflict(_)) if !changes => return Ok(member),
@@ -333,8 +439,22 @@ impl Gate {
                         joined_at: now,
                         last_activity: now,
                     };
-                    let event = room_event(EventKind::MemberJoined, room, who, now, json!({"member": who.id}), None);
-                    match self.store().doc_insert(&to_doc(MEMBER, &id, 1, &member, now)?, Some(&event.seal(new_salt()?))).await {
+                    let event = room_event(
+                        EventKind::MemberJoined,
+                        room,
+                        who,
+                        now,
+                        json!({"member": who.id}),
+                        None,
+                    );
+                    match self
+                        .store()
+                        .doc_insert(
+                            &to_doc(MEMBER, &id, 1, &member, now)?,
+                            Some(&event.seal(new_salt()?)),
+                        )
+                        .await
+                    {
                         Ok(()) => {
                             self.feed().poke();
                             return Ok(member);
@@ -345,10 +465,16 @@ impl Gate {
                 }
             }
         }
-        Err(GateError::Store(StoreError::Unavailable(format!("room {room}: membership kept changing; retry"))))
+        Err(GateError::Store(StoreError::Unavailable(format!(
+            "room {room}: membership kept changing; retry"
+        ))))
     }
 
-    pub async fn join_room(&self, who: &Principal, room: &str) -> Result<(Room, Member), GateError> {
+    pub async fn join_room(
+        &self,
+        who: &Principal,
+        room: &str,
+    ) -> Result<(Room, Member), GateError> {
         let room = self.open_room(who, room).await?;
         let member = self.touch_member(who, &room.name, None, None).await?;
         Ok((room, member))
@@ -356,8 +482,20 @@ impl Gate {
 
     pub async fn leave_room(&self, who: &Principal, room: &str) -> Result<(), GateError> {
         let room = self.existing_room(room).await?;
-        if self.store().doc_delete(MEMBER, &format!("{}/{}", room.name, who.id)).await? {
-            self.append(room_event(EventKind::MemberLeft, &room.name, who, self.clock().now(), json!({"member": who.id}), None)).await?;
+        if self
+            .store()
+            .doc_delete(MEMBER, &format!("{}/{}", room.name, who.id))
+            .await?
+        {
+            self.append(room_event(
+                EventKind::MemberLeft,
+                &room.name,
+                who,
+                self.clock().now(),
+                json!({"member": who.id}),
+                None,
+            ))
+            .await?;
         }
         Ok(())
     }
@@ -365,30 +503,74 @@ impl Gate {
     /// Removes `member` (a principal id) from the room. People who decide only.
     pub async fn kick(&self, who: &Decider, room: &str, member: &str) -> Result<(), GateError> {
         let room = self.existing_room(room).await?;
-        if !self.store().doc_delete(MEMBER, &format!("{}/{member}", room.name)).await? {
-            return Err(GateError::NotFound(format!("member {member} of room {}", room.name)));
+        if !self
+            .store()
+            .doc_delete(MEMBER, &format!("{}/{member}", room.name))
+            .await?
+        {
+            return Err(GateError::NotFound(format!(
+                "member {member} of room {}",
+                room.name
+            )));
         }
-        self.append(room_event(EventKind::MemberKicked, &room.name, who.principal(), self.clock().now(), json!({"member": member}), None)).await?;
+        self.append(room_event(
+            EventKind::MemberKicked,
+            &room.name,
+            who.principal(),
+            self.clock().now(),
+            json!({"member": member}),
+            None,
+        ))
+        .await?;
         Ok(())
     }
 
-    pub async fn set_presence(&self, who: &Principal, room: &str, status: Presence, note: Option<String>) -> Result<Member, GateError> {
+    pub async fn set_presence(
+        &self,
+        who: &Principal,
+        room: &str,
+        status: Presence,
+        note: Option<String>,
+    ) -> Result<Member, GateError> {
         let room = self.open_room(who, room).await?;
         let note = note.map(|n| rooms::message_text("note", &n)).transpose()?;
-        let member = self.touch_member(who, &room.name, Some(status), note.clone()).await?;
-        self.append(room_event(EventKind::PresenceSet, &room.name, who, self.clock().now(), json!({"member": who.id, "status": status}), note.map(|n| json!({"note": n})))).await?;
+        let member = self
+            .touch_member(who, &room.name, Some(status), note.clone())
+            .await?;
+        self.append(room_event(
+            EventKind::PresenceSet,
+            &room.name,
+            who,
+            self.clock().now(),
+            json!({"member": who.id, "status": status}),
+            note.map(|n| json!({"note": n})),
+        ))
+        .await?;
         Ok(member)
     }
 
     // ---- messages -------------------------------------------------------------------
 
     /// Posts a message (note, question, progress, done). Blockers have their own tool.
-    pub async fn post_message(&self, who: &Principal, room: &str, text: &str, kind: &str) -> Result<MessageView, GateError> {
+    pub async fn post_message(
+        &self,
+        who: &Principal,
+        room: &str,
+        text: &str,
+        kind: &str,
+    ) -> Result<MessageView, GateError> {
         let kind = MessageType::parse_postable(kind)?;
         self.post(who, room, text, kind, None).await
     }
 
-    async fn post(&self, who: &Principal, room: &str, text: &str, kind: MessageType, reference: Option<&str>) -> Result<MessageView, GateError> {
+    async fn post(
+        &self,
+        who: &Principal,
+        room: &str,
+        text: &str,
+        kind: MessageType,
+        reference: Option<&str>,
+    ) -> Result<MessageView, GateError> {
         let text = rooms::message_text("text", text)?;
         let room = self.open_room(who, room).await?;
         let status = match kind {
@@ -402,7 +584,9 @@ impl Gate {
             self.touch_member(who, &room.name, status, None).await?;
         }
         let now = self.clock().now();
-        let seq = self.append(message_event(&room.name, kind, &text, who, now, reference)).await?;
+        let seq = self
+            .append(message_event(&room.name, kind, &text, who, now, reference))
+            .await?;
         Ok(MessageView {
             id: format!("m{seq}"),
             seq,
@@ -417,13 +601,32 @@ impl Gate {
     }
 
     /// A room's messages after `since` (a seq), oldest first, at most `limit`.
-    pub async fn messages(&self, room: &str, since: u64, limit: usize) -> Result<Vec<MessageView>, GateError> {
+    pub async fn messages(
+        &self,
+        room: &str,
+        since: u64,
+        limit: usize,
+    ) -> Result<Vec<MessageView>, GateError> {
         let room = rooms::room_name(room)?;
-        let events: Vec<StoredEvent> = self.store().events_of_subject(&rooms::subject(&room)).await?;
+        let events: Vec<StoredEvent> = self
+            .store()
+            .events_of_subject(&rooms::subject(&room))
+            .await?;
         let closed: BTreeSet<String> = events
             .iter()
-            .filter(|e| matches!(e.entry.kind, EventKind::QuestionAnswered | EventKind::BlockerResolved))
-            .filter_map(|e| e.entry.data.get("ref").and_then(|r| r.as_str()).map(str::to_string))
+            .filter(|e| {
+                matches!(
+                    e.entry.kind,
+                    EventKind::QuestionAnswered | EventKind::BlockerResolved
+                )
+            })
+            .filter_map(|e| {
+                e.entry
+                    .data
+                    .get("ref")
+                    .and_then(|r| r.as_str())
+                    .map(str::to_string)
+            })
             .collect();
         let wanted: Vec<&StoredEvent> = events
             .iter()
@@ -437,7 +640,11 @@ impl Gate {
             .map(|e| {
                 let data = &e.entry.data;
                 let kind = match e.entry.kind {
-                    EventKind::MessagePosted => data.get("type").and_then(|t| t.as_str()).unwrap_or("note").to_string(),
+                    EventKind::MessagePosted => data
+                        .get("type")
+                        .and_then(|t| t.as_str())
+                        .unwrap_or("note")
+                        .to_string(),
                     EventKind::QuestionAnswered => "answer".into(),
                     EventKind::BlockerResolved => "resolution".into(),
                     other => other.as_str().into(),
@@ -450,7 +657,8 @@ impl Gate {
                         .map(str::to_string)
                 });
                 let id = format!("m{}", e.seq);
-                let open = matches!(kind.as_str(), "question" | "blocker").then(|| !closed.contains(&id));
+                let open =
+                    matches!(kind.as_str(), "question" | "blocker").then(|| !closed.contains(&id));
                 MessageView {
                     author_id: e.entry.actor.clone(),
                     author: data
@@ -473,14 +681,22 @@ impl Gate {
 
     /// Waits for a message after `since` (by anyone), up to `timeout`; returns the new
     /// messages (empty when the time ran out). Woken by the message itself.
-    pub async fn wait_for_message(&self, room: &str, since: u64, timeout: Duration) -> Result<Vec<MessageView>, GateError> {
+    pub async fn wait_for_message(
+        &self,
+        room: &str,
+        since: u64,
+        timeout: Duration,
+    ) -> Result<Vec<MessageView>, GateError> {
         let room = rooms::room_name(room)?;
         self.existing_room(&room).await?;
         let mut watch = self.feed().watch(&rooms::subject(&room));
         let deadline = Instant::now() + timeout;
         loop {
             let new = self.messages(&room, since, 100).await?;
-            let new: Vec<MessageView> = new.into_iter().filter(|m| !m.kind.starts_with("member_") && m.kind != "room_created").collect();
+            let new: Vec<MessageView> = new
+                .into_iter()
+                .filter(|m| !m.kind.starts_with("member_") && m.kind != "room_created")
+                .collect();
             if !new.is_empty() {
                 return Ok(new);
             }
@@ -495,70 +711,178 @@ impl Gate {
     // ---- questions and blockers -----------------------------------------------------
 
     /// A question's or blocker's message, checked to be of that kind in that room.
-    async fn gate_message(&self, room: &str, id: &str, kind: &str) -> Result<(String, Option<String>), GateError> {
+    async fn gate_message(
+        &self,
+        room: &str,
+        id: &str,
+        kind: &str,
+    ) -> Result<(String, MessageView), GateError> {
         let room = rooms::room_name(room)?;
-        let seq = seq_of(id).ok_or_else(|| GateError::BadInput(format!("{id:?} is not a message id (m<number>)")))?;
-        let messages = self.messages(&room, seq - 1, 1).await?;
-        match messages.first() {
-            Some(m) if m.seq == seq && m.kind == kind => Ok((room, m.open.filter(|o| !o).map(|_| "closed".to_string()))),
+        let seq = seq_of(id).ok_or_else(|| {
+            GateError::BadInput(format!("{id:?} is not a message id (m<number>)"))
+        })?;
+        let mut messages = self.messages(&room, seq - 1, 1).await?;
+        match messages.pop() {
+            Some(m) if m.seq == seq && m.kind == kind => Ok((room, m)),
             _ => Err(GateError::NotFound(format!("{kind} {id} in room {room}"))),
         }
     }
 
-    /// A person answers an agent's question.
-    pub async fn answer_question(&self, who: &Decider, room: &str, question: &str, text: &str) -> Result<MessageView, GateError> {
-        let (room, closed) = self.gate_message(room, question, "question").await?;
-        if closed.is_some() {
-            return Err(GateError::BadInput(format!("question {question} was already answered")));
+    /// Closes question or blocker `asked` with `event` (its answer or resolution), once:
+    /// `already` is the error when someone closed it first. The asking agent, if it still
+    /// shows as waiting on it, goes back to working.
+    async fn close_gate(
+        &self,
+        room: &str,
+        asked: &MessageView,
+        event: countersign_core::Event,
+        already: String,
+    ) -> Result<MessageView, GateError> {
+        if asked.open == Some(false) {
+            return Err(GateError::BadInput(already));
         }
-        let text = rooms::message_text("text", text)?;
         let now = self.clock().now();
-        let seq = self
-            .append(room_event(EventKind::QuestionAnswered, &room, who.principal(), now, json!({"ref": question, "author": {"id": who.principal().id, "display_name": who.principal().display_name}}), Some(json!({"text": text}))))
-            .await?;
-        Ok(MessageView {
-            id: format!("m{seq}"),
-            seq,
-            kind: "answer".into(),
-            author_id: Some(who.principal().id.clone()),
-            author: Some(who.principal().display_name.clone()),
-            text: Some(text),
-            at: now.to_string(),
-            reference: Some(question.to_string()),
-            open: None,
-        })
+        let marker = to_doc(
+            CLOSED,
+            &format!("{room}/{}", asked.id),
+            1,
+            &json!({"ref": asked.id}),
+            now,
+        )?;
+        match self
+            .store()
+            .doc_insert(&marker, Some(&event.seal(new_salt()?)))
+            .await
+        {
+            Ok(()) => self.feed().poke(),
+            Err(StoreError::Duplicate(_)) => return Err(GateError::BadInput(already)),
+            Err(e) => return Err(e.into()),
+        }
+        let reply = self
+            .messages(room, asked.seq, usize::MAX)
+            .await?
+            .into_iter()
+            .find(|m| {
+                matches!(m.kind.as_str(), "answer" | "resolution")
+                    && m.reference.as_deref() == Some(asked.id.as_str())
+            })
+            .ok_or_else(|| {
+                GateError::Store(StoreError::Unavailable(format!(
+                    "the reply to {} was stored but cannot be read back",
+                    asked.id
+                )))
+            })?;
+        if let Some(agent) = &asked.author_id {
+            let waiting = if asked.kind == "blocker" {
+                Presence::Blocked
+            } else {
+                Presence::Waiting
+            };
+            self.release_member(room, agent, waiting).await?;
+        }
+        Ok(reply)
+    }
+
+    /// Moves member `id` from `from` back to working (without counting it as the agent's
+    /// own activity). A member who has moved on, or left, is left alone.
+    async fn release_member(&self, room: &str, id: &str, from: Presence) -> Result<(), GateError> {
+        let key = format!("{room}/{id}");
+        for _ in 0..20 {
+            let Some(doc) = self.store().doc_get(MEMBER, &key).await? else {
+                return Ok(());
+            };
+            let mut member: Member = from_doc(&doc)?;
+            if member.status != from {
+                return Ok(());
+            }
+            member.status = Presence::Working;
+            match self
+                .store()
+                .doc_update(
+                    &to_doc(MEMBER, &key, doc.version + 1, &member, self.clock().now())?,
+                    None,
+                )
+                .await
+            {
+                Ok(()) => {
+                    self.feed().poke();
+                    return Ok(());
+                }
+                Err(StoreError::Conflict(_)) => continue,
+                Err(StoreError::NotFound { .. }) => return Ok(()),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// A person answers an agent's question.
+    pub async fn answer_question(
+        &self,
+        who: &Decider,
+        room: &str,
+        question: &str,
+        text: &str,
+    ) -> Result<MessageView, GateError> {
+        let (room, asked) = self.gate_message(room, question, "question").await?;
+        let text = rooms::message_text("text", text)?;
+        let event = room_event(
+            EventKind::QuestionAnswered,
+            &room,
+            who.principal(),
+            self.clock().now(),
+            json!({"ref": question, "author": {"id": who.principal().id, "display_name": who.principal().display_name}}),
+            Some(json!({"text": text})),
+        );
+        self.close_gate(
+            &room,
+            &asked,
+            event,
+            format!("question {question} was already answered"),
+        )
+        .await
     }
 
     /// A person resolves an agent's blocker with a reply. Never an agent: the `Decider`
     /// type makes that impossible to call with one.
-    pub async fn resolve_blocker(&self, who: &Decider, room: &str, blocker: &str, reply: &str) -> Result<MessageView, GateError> {
-        let (room, closed) = self.gate_message(room, blocker, "blocker").await?;
-        if closed.is_some() {
-            return Err(GateError::BadInput(format!("blocker {blocker} was already resolved")));
-        }
+    pub async fn resolve_blocker(
+        &self,
+        who: &Decider,
+        room: &str,
+        blocker: &str,
+        reply: &str,
+    ) -> Result<MessageView, GateError> {
+        let (room, asked) = self.gate_message(room, blocker, "blocker").await?;
         let reply = rooms::message_text("reply", reply)?;
-        let now = self.clock().now();
-        let seq = self
-            .append(room_event(EventKind::BlockerResolved, &room, who.principal(), now, json!({"ref": blocker, "author": {"id": who.principal().id, "display_name": who.principal().display_name}}), Some(json!({"reply": reply}))))
-            .await?;
-        Ok(MessageView {
-            id: format!("m{seq}"),
-            seq,
-            kind: "resolution".into(),
-            author_id: Some(who.principal().id.clone()),
-            author: Some(who.principal().display_name.clone()),
-            text: Some(reply),
-            at: now.to_string(),
-            reference: Some(blocker.to_string()),
-            open: None,
-        })
+        let event = room_event(
+            EventKind::BlockerResolved,
+            &room,
+            who.principal(),
+            self.clock().now(),
+            json!({"ref": blocker, "author": {"id": who.principal().id, "display_name": who.principal().display_name}}),
+            Some(json!({"reply": reply})),
+        );
+        self.close_gate(
+            &room,
+            &asked,
+            event,
+            format!("blocker {blocker} was already resolved"),
+        )
+        .await
     }
 
     /// Waits up to `timeout` for the answer or resolution of message `id` (a question
     /// or blocker); `None` when none came.
-    pub async fn wait_for_reply(&self, room: &str, id: &str, timeout: Duration) -> Result<Option<MessageView>, GateError> {
+    pub async fn wait_for_reply(
+        &self,
+        room: &str,
+        id: &str,
+        timeout: Duration,
+    ) -> Result<Option<MessageView>, GateError> {
         let room = rooms::room_name(room)?;
-        let seq = seq_of(id).ok_or_else(|| GateError::BadInput(format!("{id:?} is not a message id (m<number>)")))?;
+        let seq = seq_of(id).ok_or_else(|| {
+            GateError::BadInput(format!("{id:?} is not a message id (m<number>)"))
+        })?;
         let mut watch = self.feed().watch(&rooms::subject(&room));
         let deadline = Instant::now() + timeout;
         loop {
@@ -566,7 +890,10 @@ impl Gate {
                 .messages(&room, seq, usize::MAX)
                 .await?
                 .into_iter()
-                .find(|m| matches!(m.kind.as_str(), "answer" | "resolution") && m.reference.as_deref() == Some(id));
+                .find(|m| {
+                    matches!(m.kind.as_str(), "answer" | "resolution")
+                        && m.reference.as_deref() == Some(id)
+                });
             if reply.is_some() {
                 return Ok(reply);
             }
@@ -579,22 +906,49 @@ impl Gate {
     }
 
     /// Shows an approval request in its room.
-    pub(crate) async fn post_approval(&self, who: &Principal, room: &str, request: &countersign_core::ApprovalRequest) -> Result<(), GateError> {
-        self.post(who, room, &request.action.description, MessageType::Approval, Some(&request.id)).await?;
+    pub(crate) async fn post_approval(
+        &self,
+        who: &Principal,
+        room: &str,
+        request: &countersign_core::ApprovalRequest,
+    ) -> Result<(), GateError> {
+        self.post(
+            who,
+            room,
+            &request.action.description,
+            MessageType::Approval,
+            Some(&request.id),
+        )
+        .await?;
         Ok(())
     }
 
     /// Reports a blocker: the agent stops until a person resolves it.
-    pub async fn report_blocker(&self, who: &Principal, room: &str, description: &str) -> Result<MessageView, GateError> {
-        self.post(who, room, description, MessageType::Blocker, None).await
+    pub async fn report_blocker(
+        &self,
+        who: &Principal,
+        room: &str,
+        description: &str,
+    ) -> Result<MessageView, GateError> {
+        self.post(who, room, description, MessageType::Blocker, None)
+            .await
     }
 
     /// Asks a question and waits up to `timeout` for a person's answer (a soft gate).
-    pub async fn ask(&self, who: &Principal, room: &str, question: &str, timeout: Duration) -> Result<(MessageView, Option<MessageView>), GateError> {
-        let asked = self.post(who, room, question, MessageType::Question, None).await?;
+    pub async fn ask(
+        &self,
+        who: &Principal,
+        room: &str,
+        question: &str,
+        timeout: Duration,
+    ) -> Result<(MessageView, Option<MessageView>), GateError> {
+        let asked = self
+            .post(who, room, question, MessageType::Question, None)
+            .await?;
         let answer = self.wait_for_reply(room, &asked.id, timeout).await?;
         if answer.is_some() {
-            self.touch_member(who, &rooms::room_name(room)?, Some(Presence::Working), None).await?;
+            self.touch_member(who, &rooms::room_name(room)?, Some(Presence::Working), None)
+                .await?;
         }
         Ok((asked, answer))
     }
@@ -603,7 +957,12 @@ impl Gate {
     /// questions, open blockers.
     pub async fn attention(&self) -> Result<BTreeMap<String, Attention>, GateError> {
         let mut out = BTreeMap::new();
-        for room in self.rooms().await?.into_iter().filter(|r| r.deleted_at.is_none()) {
+        for room in self
+            .rooms()
+            .await?
+            .into_iter()
+            .filter(|r| r.deleted_at.is_none())
+        {
             let messages = self.messages(&room.name, 0, usize::MAX).await?;
             let mut attention = Attention::default();
             for m in &messages {

@@ -40,6 +40,7 @@ const INDEX: &str = include_str!("../assets/index.html");
 const LOGIN: &str = include_str!("../assets/login.html");
 const SETUP: &str = include_str!("../assets/setup.html");
 const APP_JS: &str = include_str!("../assets/app.js");
+const ROOMS_JS: &str = include_str!("../assets/rooms.js");
 const AUTH_JS: &str = include_str!("../assets/auth.js");
 const APP_CSS: &str = include_str!("../assets/app.css");
 const ICON: &str = include_str!("../assets/icon.svg");
@@ -120,6 +121,7 @@ async fn setup_page() -> Response {
 async fn asset(Path(file): Path<String>) -> Response {
     let (body, kind) = match file.as_str() {
         "app.js" => (APP_JS, "text/javascript; charset=utf-8"),
+        "rooms.js" => (ROOMS_JS, "text/javascript; charset=utf-8"),
         "auth.js" => (AUTH_JS, "text/javascript; charset=utf-8"),
         "email.js" => (EMAIL_JS, "text/javascript; charset=utf-8"),
         "app.css" => (APP_CSS, "text/css; charset=utf-8"),

@@ -179,6 +179,89 @@ pub async fn run(config: &Config, args: &DemoArgs) -> anyhow::Result<ExitCode> {
         .await?
         .request;
     gate.cancel(&finance, &stale.id).await?;
+
+    // Two rooms with agents in every state and gates of every kind.
+    let qa = Principal::from_token("qa-bot", Role::Agent);
+    gate.create_token("qa-bot", Role::Agent, &admin).await?;
+    gate.create_room(&deploy, "release-train", Some("Release train 2.14"))
+        .await?;
+    gate.join_room(&deploy, "release-train").await?;
+    gate.join_room(&qa, "release-train").await?;
+    gate.post_message(
+        &deploy,
+        "release-train",
+        "Built web v2.14.0; canary at 5%.",
+        "progress",
+    )
+    .await?;
+    gate.post_message(
+        &qa,
+        "release-train",
+        "Regression suite green: 1,482 passed, 0 failed.",
+        "done",
+    )
+    .await?;
+    gate.post_message(&deploy, "release-train", "Canary error rate is 0.4% (baseline 0.3%). Promote to 100% now or wait for the EU morning peak?", "question").await?;
+    let mut promote = ask(
+        "Promote web v2.14.0 from 5% to 100%",
+        &[
+            ("service", "web"),
+            ("version", "v2.14.0"),
+            ("from", "5%"),
+            ("to", "100%"),
+        ],
+        2.0,
+    );
+    promote.room = Some("release-train".into());
+    gate.request_approval(&deploy, promote).await?;
+    let lead = Decider::new(Principal::from_token("ops-lead", Role::Approver))?;
+    let asked = gate
+        .post_message(
+            &qa,
+            "release-train",
+            "Should the flaky checkout test block the release?",
+            "question",
+        )
+        .await?;
+    gate.answer_question(
+        &lead,
+        "release-train",
+        &asked.id,
+        "No, it is quarantined; ship.",
+    )
+    .await?;
+
+    gate.create_room(&finance, "month-end", Some("Month-end close"))
+        .await?;
+    gate.join_room(&finance, "month-end").await?;
+    gate.join_room(&support, "month-end").await?;
+    gate.report_blocker(
+        &finance,
+        "month-end",
+        "The bank portal asks for a new 2FA device; I cannot download the November statements.",
+    )
+    .await?;
+    let old = gate
+        .report_blocker(
+            &support,
+            "month-end",
+            "Refund queue locked by an expired session.",
+        )
+        .await?;
+    gate.resolve_blocker(
+        &lead,
+        "month-end",
+        &old.id,
+        "Session renewed; the queue is open again.",
+    )
+    .await?;
+    gate.set_presence(
+        &support,
+        "month-end",
+        countersign_core::rooms::Presence::Working,
+        Some("processing 12 refunds".into()),
+    )
+    .await?;
     gate.log().integrate().await?;
 
     eprintln!("demo data written to {}", config.data_dir.display());
