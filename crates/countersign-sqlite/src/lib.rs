@@ -17,6 +17,7 @@ mod readers;
 mod requests;
 mod schema;
 mod tokens;
+mod watch;
 mod writer;
 
 use std::path::{Path, PathBuf};
@@ -79,6 +80,8 @@ pub struct SqliteStore {
     path: PathBuf,
     writer: Writer,
     readers: Arc<Readers>,
+    /// Set by [`Store::listen`]: wakes the change feed when another process commits.
+    watch: std::sync::Mutex<Option<watch::DbWatch>>,
 }
 
 impl SqliteStore {
@@ -97,6 +100,7 @@ impl SqliteStore {
             path: path.to_path_buf(),
             writer,
             readers,
+            watch: std::sync::Mutex::new(None),
         })
     }
 
@@ -418,6 +422,23 @@ impl Store for SqliteStore {
             })
             .await
             .map_err(|e| StoreError::Unavailable(format!("{path} cannot be written: {e}")))?;
+        Ok(())
+    }
+
+    /// Watches the database's files, so a commit by another process (a stdio `mcp`
+    /// beside `serve`) wakes the change feed at once instead of at its next poll. If the
+    /// platform cannot watch files, the feed's poll is all there is: logged, not fatal.
+    async fn listen(&self, on_change: countersign_store::ChangeCallback) -> Result<(), StoreError> {
+        match watch::start(&self.path, on_change) {
+            Ok(w) => {
+                if let Ok(mut slot) = self.watch.lock() {
+                    *slot = Some(w);
+                }
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "changes by other processes are seen at the next poll")
+            }
+        }
         Ok(())
     }
 }

@@ -126,6 +126,41 @@ async fn everything_survives_reopening_and_settings_are_durable() {
     store.check().await.unwrap();
 }
 
+/// A commit through one handle reaches the change feed of another at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_commit_by_another_handle_wakes_the_feed_without_polling() {
+    // Two handles on one file stand for two processes (the watch is on the file, not in
+    // memory). B's feed polls only once a minute: everything it sees within seconds came
+    // from the file watch.
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let a: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+    let b: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+    let feed = ChangeFeed::start(b.clone(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    // Listen without poking the feed (which would make it read at once).
+    let mut events = feed.subscribe();
+    let mut slowest = Duration::ZERO;
+    for i in 0..20 {
+        let created = new_request(&format!("req_watch_{i}"), &agent("bot"), 0, 3600, None);
+        let started = std::time::Instant::now();
+        a.create_request(&sealed(&created)).await.unwrap();
+        let seen = tokio::time::timeout(Duration::from_secs(10), events.recv())
+            .await
+            .unwrap_or_else(|_| {
+                panic!("commit {i} by the other handle was not seen within 10 s (the poll is 60 s)")
+            })
+            .unwrap();
+        assert_eq!(
+            seen.entry.subject.as_deref(),
+            Some(format!("req_watch_{i}").as_str())
+        );
+        slowest = slowest.max(started.elapsed());
+    }
+    println!("slowest cross-handle wake: {slowest:?}");
+}
+
 /// Two stores on one file, as `countersign serve` and a `countersign mcp` process are.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_stores_on_one_file_agree() {
