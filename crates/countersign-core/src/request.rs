@@ -249,7 +249,11 @@ impl ApprovalRequest {
         let recipient_slack = optional_text("recipient_slack", new.recipient_slack, 256)?;
         let idempotency_key = optional_text("idempotency_key", new.idempotency_key, 255)?;
         let requested_fields = validate_field_names(new.requested_fields, limits)?;
-        let room = new.room.as_deref().map(crate::rooms::room_name).transpose()?;
+        let room = new
+            .room
+            .as_deref()
+            .map(crate::rooms::room_name)
+            .transpose()?;
         let request = Self {
             id,
             version: 1,

@@ -126,7 +126,10 @@ pub fn room_name(name: &str) -> Result<String, CoreError> {
 pub fn room_title(title: &str) -> Result<String, CoreError> {
     let title = title.trim();
     if title.is_empty() || title.len() > 128 || title.chars().any(char::is_control) {
-        return Err(CoreError::invalid("title", "must be 1 to 128 printable characters"));
+        return Err(CoreError::invalid(
+            "title",
+            "must be 1 to 128 printable characters",
+        ));
     }
     Ok(title.to_string())
 }
@@ -139,7 +142,10 @@ pub fn message_text(field: &str, text: &str) -> Result<String, CoreError> {
     if text.len() > MAX_TEXT_BYTES {
         return Err(CoreError::invalid(
             field,
-            format!("is {} bytes; at most {MAX_TEXT_BYTES} are allowed", text.len()),
+            format!(
+                "is {} bytes; at most {MAX_TEXT_BYTES} are allowed",
+                text.len()
+            ),
         ));
     }
     Ok(text.to_string())
@@ -211,9 +217,17 @@ mod tests {
         assert_eq!(room_name(" Release-Train ").unwrap(), "release-train");
         assert!(room_name("no spaces").is_err());
         assert!(room_name("").is_err());
-        assert!(MessageType::parse_postable("blocker").unwrap_err().to_string().contains("report_blocker"));
+        assert!(
+            MessageType::parse_postable("blocker")
+                .unwrap_err()
+                .to_string()
+                .contains("report_blocker")
+        );
         assert!(MessageType::parse_postable("shout").is_err());
-        assert_eq!(MessageType::parse_postable("progress").unwrap(), MessageType::Progress);
+        assert_eq!(
+            MessageType::parse_postable("progress").unwrap(),
+            MessageType::Progress
+        );
         assert!(message_text("text", &"x".repeat(MAX_TEXT_BYTES + 1)).is_err());
         assert!(message_text("text", "  ").is_err());
     }
@@ -222,7 +236,14 @@ mod tests {
     fn messages_commit_their_text() {
         let agent = Principal::from_token("bot", Role::Agent);
         let at = Timestamp::from_millis(0).unwrap();
-        let event = message_event("ops", MessageType::Question, "May I deploy?", &agent, at, None);
+        let event = message_event(
+            "ops",
+            MessageType::Question,
+            "May I deploy?",
+            &agent,
+            at,
+            None,
+        );
         assert_eq!(event.subject.as_deref(), Some("room:ops"));
         assert_eq!(event.data["type"], "question");
         let sealed = event.seal([1; 32]);
@@ -231,8 +252,21 @@ mod tests {
 
     #[test]
     fn roster_order_puts_humans_work_first() {
-        let mut states = vec![Presence::Working, Presence::Done, Presence::Blocked, Presence::Waiting];
+        let mut states = vec![
+            Presence::Working,
+            Presence::Done,
+            Presence::Blocked,
+            Presence::Waiting,
+        ];
         states.sort_by_key(Presence::rank);
-        assert_eq!(states, vec![Presence::Waiting, Presence::Blocked, Presence::Done, Presence::Working]);
+        assert_eq!(
+            states,
+            vec![
+                Presence::Waiting,
+                Presence::Blocked,
+                Presence::Done,
+                Presence::Working
+            ]
+        );
     }
 }

@@ -158,7 +158,9 @@ impl McpService {
     /// Whether this caller gets the operator tools: enabled by the operator, and only
     /// ever for a principal that may decide.
     fn may_decide(&self, ctx: &RequestContext<RoleServer>) -> bool {
-        self.caller(ctx).map(|p| p.role.may_decide()).unwrap_or(false)
+        self.caller(ctx)
+            .map(|p| p.role.may_decide())
+            .unwrap_or(false)
     }
 
     fn operator_allowed(&self, ctx: &RequestContext<RoleServer>) -> bool {
@@ -630,7 +632,11 @@ fn wait_seconds(given: Option<u64>, default: u64) -> Result<Duration, CallToolRe
     Ok(Duration::from_secs(seconds))
 }
 
-fn messages_output(messages: Vec<crate::rooms::MessageView>, since: u64, timed_out: bool) -> MessagesOutput {
+fn messages_output(
+    messages: Vec<crate::rooms::MessageView>,
+    since: u64,
+    timed_out: bool,
+) -> MessagesOutput {
     MessagesOutput {
         next_since: messages.iter().map(|m| m.seq).max().unwrap_or(since),
         messages,
@@ -642,7 +648,12 @@ fn messages_output(messages: Vec<crate::rooms::MessageView>, since: u64, timed_o
 impl McpService {
     #[tool(
         description = "Post a message to a room where people and other agents follow the work: type note (default), question, progress or done. To stop until a person helps, use report_blocker; to ask and wait briefly, wait_for_feedback.",
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn post_message(
         &self,
@@ -652,7 +663,12 @@ impl McpService {
         let who = self.caller(&ctx)?;
         let message = self
             .gate
-            .post_message(&who, &input.room, &input.text, input.kind.as_deref().unwrap_or("note"))
+            .post_message(
+                &who,
+                &input.room,
+                &input.text,
+                input.kind.as_deref().unwrap_or("note"),
+            )
             .await
             .map_err(tool_error)?;
         Ok(Json(message))
@@ -669,8 +685,17 @@ impl McpService {
     ) -> Result<Json<MessagesOutput>, CallToolResult> {
         self.caller(&ctx)?;
         let since = input.since.unwrap_or(0);
-        if self.gate.room(&input.room).await.map_err(tool_error)?.is_none() {
-            return Err(tool_error(GateError::NotFound(format!("room {}", input.room))));
+        if self
+            .gate
+            .room(&input.room)
+            .await
+            .map_err(tool_error)?
+            .is_none()
+        {
+            return Err(tool_error(GateError::NotFound(format!(
+                "room {}",
+                input.room
+            ))));
         }
         let messages = self
             .gate
@@ -703,7 +728,12 @@ impl McpService {
 
     #[tool(
         description = "Join a room (created if it does not exist) and see who is in it.",
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn join_room(
         &self,
@@ -711,13 +741,22 @@ impl McpService {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<RoomOutput>, CallToolResult> {
         let who = self.caller(&ctx)?;
-        let (room, _) = self.gate.join_room(&who, &input.room).await.map_err(tool_error)?;
+        let (room, _) = self
+            .gate
+            .join_room(&who, &input.room)
+            .await
+            .map_err(tool_error)?;
         self.room_output(room).await
     }
 
     #[tool(
         description = "Leave a room.",
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn leave_room(
         &self,
@@ -725,7 +764,10 @@ impl McpService {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<RoomOutput>, CallToolResult> {
         let who = self.caller(&ctx)?;
-        self.gate.leave_room(&who, &input.room).await.map_err(tool_error)?;
+        self.gate
+            .leave_room(&who, &input.room)
+            .await
+            .map_err(tool_error)?;
         let room = self
             .gate
             .room(&input.room)
@@ -737,7 +779,12 @@ impl McpService {
 
     #[tool(
         description = "Say what you are doing in a room: working, waiting, blocked, done or idle (with an optional note). People see it in the room's roster.",
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = true, open_world_hint = false)
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn set_presence(
         &self,
@@ -745,7 +792,10 @@ impl McpService {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<MemberView>, CallToolResult> {
         let who = self.caller(&ctx)?;
-        let status = input.status.parse().map_err(|e: countersign_core::CoreError| tool_error(e.into()))?;
+        let status = input
+            .status
+            .parse()
+            .map_err(|e: countersign_core::CoreError| tool_error(e.into()))?;
         let member = self
             .gate
             .set_presence(&who, &input.room, status, input.note)
@@ -756,7 +806,12 @@ impl McpService {
 
     #[tool(
         description = "Ask the people in a room a question and wait up to timeout_seconds (default 30) for an answer. A soft gate: if nobody answers in time, you get answered=false and may proceed with your best judgement.",
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn wait_for_feedback(
         &self,
@@ -793,7 +848,12 @@ impl McpService {
 
     #[tool(
         description = "Report that you are blocked and need a person. STOP working on the blocked task: call wait_for_resolution with the blocker_id until a person resolves it. Only a person can resolve a blocker.",
-        annotations(read_only_hint = false, destructive_hint = false, idempotent_hint = false, open_world_hint = false)
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
     )]
     async fn report_blocker(
         &self,
@@ -854,7 +914,12 @@ impl McpService {
 impl McpService {
     #[tool(
         description = "Room admin: remove a member from a room.",
-        annotations(read_only_hint = false, destructive_hint = true, idempotent_hint = true, open_world_hint = false)
+        annotations(
+            read_only_hint = false,
+            destructive_hint = true,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
     )]
     async fn kick(
         &self,
@@ -890,7 +955,10 @@ fn member_view(m: &crate::rooms::Member) -> MemberView {
 }
 
 impl McpService {
-    async fn room_output(&self, room: crate::rooms::Room) -> Result<Json<RoomOutput>, CallToolResult> {
+    async fn room_output(
+        &self,
+        room: crate::rooms::Room,
+    ) -> Result<Json<RoomOutput>, CallToolResult> {
         let members = self.gate.members(&room.name).await.map_err(tool_error)?;
         Ok(Json(RoomOutput {
             room: room.name,
@@ -1065,7 +1133,10 @@ impl ServerHandler for McpService {
         if self.room_admin_router.has_route(&request.name) {
             if !self.may_decide(&context) {
                 return Err(ErrorData::invalid_params(
-                    format!("tool {} is for room admins: it needs an approver or admin token", request.name),
+                    format!(
+                        "tool {} is for room admins: it needs an approver or admin token",
+                        request.name
+                    ),
                     None,
                 ));
             }

@@ -30,10 +30,19 @@ pub fn api_routes() -> Router<AppState> {
 pub fn ui_routes() -> Router<AppState> {
     Router::new()
         .route("/ui/api/rooms", get(ui_list).post(ui_create))
-        .route("/ui/api/rooms/{room}/messages", get(ui_messages).post(ui_post))
+        .route(
+            "/ui/api/rooms/{room}/messages",
+            get(ui_messages).post(ui_post),
+        )
         .route("/ui/api/rooms/{room}/members", get(ui_members))
-        .route("/ui/api/rooms/{room}/questions/{id}/answer", post(ui_answer))
-        .route("/ui/api/rooms/{room}/blockers/{id}/resolve", post(ui_resolve))
+        .route(
+            "/ui/api/rooms/{room}/questions/{id}/answer",
+            post(ui_answer),
+        )
+        .route(
+            "/ui/api/rooms/{room}/blockers/{id}/resolve",
+            post(ui_resolve),
+        )
         .route("/ui/api/rooms/{room}/{action}", post(ui_admin))
 }
 
@@ -77,7 +86,9 @@ async fn create(gate: &Gate, who: &Principal, body: CreateBody) -> Result<Json<V
     if gate.room(&body.name).await?.is_some() {
         return Err(GateError::BadInput(format!("room {} exists", body.name)).into());
     }
-    let room = gate.create_room(who, &body.name, body.title.as_deref()).await?;
+    let room = gate
+        .create_room(who, &body.name, body.title.as_deref())
+        .await?;
     Ok(Json(room_json(&room)))
 }
 
@@ -88,17 +99,27 @@ struct MessagesParams {
     limit: Option<usize>,
 }
 
-async fn messages(gate: &Gate, room: &str, params: MessagesParams) -> Result<Json<Value>, ApiError> {
+async fn messages(
+    gate: &Gate,
+    room: &str,
+    params: MessagesParams,
+) -> Result<Json<Value>, ApiError> {
     let found = gate
         .room(room)
         .await?
         .ok_or_else(|| GateError::NotFound(format!("room {room}")))?;
     let since = params.since.unwrap_or(0);
     let messages = gate
-        .messages(&found.name, since, params.limit.unwrap_or(200).clamp(1, 1000))
+        .messages(
+            &found.name,
+            since,
+            params.limit.unwrap_or(200).clamp(1, 1000),
+        )
         .await?;
     let next = messages.iter().map(|m| m.seq).max().unwrap_or(since);
-    Ok(Json(json!({"room": room_json(&found), "messages": messages, "next_since": next})))
+    Ok(Json(
+        json!({"room": room_json(&found), "messages": messages, "next_since": next}),
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -135,7 +156,13 @@ struct AdminBody {
     title: Option<String>,
 }
 
-async fn admin(gate: &Gate, who: &Decider, room: &str, action: &str, body: AdminBody) -> Result<Json<Value>, ApiError> {
+async fn admin(
+    gate: &Gate,
+    who: &Decider,
+    room: &str,
+    action: &str,
+    body: AdminBody,
+) -> Result<Json<Value>, ApiError> {
     let result = match action {
         "rename" => {
             let title = body
@@ -150,7 +177,10 @@ async fn admin(gate: &Gate, who: &Decider, room: &str, action: &str, body: Admin
             json!({"room": room_json(&purged), "backup": backup.display().to_string()})
         }
         other => {
-            return Err(GateError::NotFound(format!("room action {other} (rename, delete, restore, purge)")).into());
+            return Err(GateError::NotFound(format!(
+                "room action {other} (rename, delete, restore, purge)"
+            ))
+            .into());
         }
     };
     Ok(Json(result))
@@ -162,32 +192,79 @@ async fn api_list(State(s): State<AppState>, AnyAuth(_): AnyAuth) -> Result<Json
     list(&s.gate).await
 }
 
-async fn api_create(State(s): State<AppState>, AnyAuth(who): AnyAuth, ApiJson(body): ApiJson<CreateBody>) -> Result<Json<Value>, ApiError> {
+async fn api_create(
+    State(s): State<AppState>,
+    AnyAuth(who): AnyAuth,
+    ApiJson(body): ApiJson<CreateBody>,
+) -> Result<Json<Value>, ApiError> {
     create(&s.gate, &who, body).await
 }
 
-async fn api_messages(State(s): State<AppState>, AnyAuth(_): AnyAuth, Path(room): Path<String>, ApiQuery(p): ApiQuery<MessagesParams>) -> Result<Json<Value>, ApiError> {
+async fn api_messages(
+    State(s): State<AppState>,
+    AnyAuth(_): AnyAuth,
+    Path(room): Path<String>,
+    ApiQuery(p): ApiQuery<MessagesParams>,
+) -> Result<Json<Value>, ApiError> {
     messages(&s.gate, &room, p).await
 }
 
-async fn api_post(State(s): State<AppState>, AnyAuth(who): AnyAuth, Path(room): Path<String>, ApiJson(body): ApiJson<PostBody>) -> Result<Json<Value>, ApiError> {
-    let m = s.gate.post_message(&who, &room, &body.text, body.kind.as_deref().unwrap_or("note")).await?;
+async fn api_post(
+    State(s): State<AppState>,
+    AnyAuth(who): AnyAuth,
+    Path(room): Path<String>,
+    ApiJson(body): ApiJson<PostBody>,
+) -> Result<Json<Value>, ApiError> {
+    let m = s
+        .gate
+        .post_message(
+            &who,
+            &room,
+            &body.text,
+            body.kind.as_deref().unwrap_or("note"),
+        )
+        .await?;
     Ok(Json(json!(m)))
 }
 
-async fn api_members(State(s): State<AppState>, AnyAuth(_): AnyAuth, Path(room): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn api_members(
+    State(s): State<AppState>,
+    AnyAuth(_): AnyAuth,
+    Path(room): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     members(&s.gate, &room).await
 }
 
-async fn api_answer(State(s): State<AppState>, ApproverAuth(who): ApproverAuth, Path((room, id)): Path<(String, String)>, ApiJson(body): ApiJson<AnswerBody>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!(s.gate.answer_question(&who, &room, &id, &body.text).await?)))
+async fn api_answer(
+    State(s): State<AppState>,
+    ApproverAuth(who): ApproverAuth,
+    Path((room, id)): Path<(String, String)>,
+    ApiJson(body): ApiJson<AnswerBody>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(json!(
+        s.gate.answer_question(&who, &room, &id, &body.text).await?
+    )))
 }
 
-async fn api_resolve(State(s): State<AppState>, ApproverAuth(who): ApproverAuth, Path((room, id)): Path<(String, String)>, ApiJson(body): ApiJson<ResolveBody>) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!(s.gate.resolve_blocker(&who, &room, &id, &body.reply).await?)))
+async fn api_resolve(
+    State(s): State<AppState>,
+    ApproverAuth(who): ApproverAuth,
+    Path((room, id)): Path<(String, String)>,
+    ApiJson(body): ApiJson<ResolveBody>,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(json!(
+        s.gate
+            .resolve_blocker(&who, &room, &id, &body.reply)
+            .await?
+    )))
 }
 
-async fn api_admin(State(s): State<AppState>, ApproverAuth(who): ApproverAuth, Path((room, action)): Path<(String, String)>, ApiJson(body): ApiJson<AdminBody>) -> Result<Json<Value>, ApiError> {
+async fn api_admin(
+    State(s): State<AppState>,
+    ApproverAuth(who): ApproverAuth,
+    Path((room, action)): Path<(String, String)>,
+    ApiJson(body): ApiJson<AdminBody>,
+) -> Result<Json<Value>, ApiError> {
     admin(&s.gate, &who, &room, &action, body).await
 }
 
@@ -197,37 +274,81 @@ async fn ui_list(State(s): State<AppState>, _session: ApiSession) -> Result<Json
     list(&s.gate).await
 }
 
-async fn ui_create(State(s): State<AppState>, CsrfSession(session): CsrfSession, ApiJson(body): ApiJson<CreateBody>) -> Result<Json<Value>, ApiError> {
+async fn ui_create(
+    State(s): State<AppState>,
+    CsrfSession(session): CsrfSession,
+    ApiJson(body): ApiJson<CreateBody>,
+) -> Result<Json<Value>, ApiError> {
     create(&s.gate, &session.user.principal(), body).await
 }
 
-async fn ui_messages(State(s): State<AppState>, _session: ApiSession, Path(room): Path<String>, ApiQuery(p): ApiQuery<MessagesParams>) -> Result<Json<Value>, ApiError> {
+async fn ui_messages(
+    State(s): State<AppState>,
+    _session: ApiSession,
+    Path(room): Path<String>,
+    ApiQuery(p): ApiQuery<MessagesParams>,
+) -> Result<Json<Value>, ApiError> {
     messages(&s.gate, &room, p).await
 }
 
-async fn ui_post(State(s): State<AppState>, CsrfSession(session): CsrfSession, Path(room): Path<String>, ApiJson(body): ApiJson<PostBody>) -> Result<Json<Value>, ApiError> {
+async fn ui_post(
+    State(s): State<AppState>,
+    CsrfSession(session): CsrfSession,
+    Path(room): Path<String>,
+    ApiJson(body): ApiJson<PostBody>,
+) -> Result<Json<Value>, ApiError> {
     let m = s
         .gate
-        .post_message(&session.user.principal(), &room, &body.text, body.kind.as_deref().unwrap_or("note"))
+        .post_message(
+            &session.user.principal(),
+            &room,
+            &body.text,
+            body.kind.as_deref().unwrap_or("note"),
+        )
         .await?;
     Ok(Json(json!(m)))
 }
 
-async fn ui_members(State(s): State<AppState>, _session: ApiSession, Path(room): Path<String>) -> Result<Json<Value>, ApiError> {
+async fn ui_members(
+    State(s): State<AppState>,
+    _session: ApiSession,
+    Path(room): Path<String>,
+) -> Result<Json<Value>, ApiError> {
     members(&s.gate, &room).await
 }
 
-async fn ui_answer(State(s): State<AppState>, CsrfSession(session): CsrfSession, Path((room, id)): Path<(String, String)>, ApiJson(body): ApiJson<AnswerBody>) -> Result<Json<Value>, ApiError> {
+async fn ui_answer(
+    State(s): State<AppState>,
+    CsrfSession(session): CsrfSession,
+    Path((room, id)): Path<(String, String)>,
+    ApiJson(body): ApiJson<AnswerBody>,
+) -> Result<Json<Value>, ApiError> {
     let who = Decider::new(session.user.principal())?;
-    Ok(Json(json!(s.gate.answer_question(&who, &room, &id, &body.text).await?)))
+    Ok(Json(json!(
+        s.gate.answer_question(&who, &room, &id, &body.text).await?
+    )))
 }
 
-async fn ui_resolve(State(s): State<AppState>, CsrfSession(session): CsrfSession, Path((room, id)): Path<(String, String)>, ApiJson(body): ApiJson<ResolveBody>) -> Result<Json<Value>, ApiError> {
+async fn ui_resolve(
+    State(s): State<AppState>,
+    CsrfSession(session): CsrfSession,
+    Path((room, id)): Path<(String, String)>,
+    ApiJson(body): ApiJson<ResolveBody>,
+) -> Result<Json<Value>, ApiError> {
     let who = Decider::new(session.user.principal())?;
-    Ok(Json(json!(s.gate.resolve_blocker(&who, &room, &id, &body.reply).await?)))
+    Ok(Json(json!(
+        s.gate
+            .resolve_blocker(&who, &room, &id, &body.reply)
+            .await?
+    )))
 }
 
-async fn ui_admin(State(s): State<AppState>, CsrfSession(session): CsrfSession, Path((room, action)): Path<(String, String)>, ApiJson(body): ApiJson<AdminBody>) -> Result<Json<Value>, ApiError> {
+async fn ui_admin(
+    State(s): State<AppState>,
+    CsrfSession(session): CsrfSession,
+    Path((room, action)): Path<(String, String)>,
+    ApiJson(body): ApiJson<AdminBody>,
+) -> Result<Json<Value>, ApiError> {
     let who = Decider::new(session.user.principal())?;
     admin(&s.gate, &who, &room, &action, body).await
 }

@@ -2358,7 +2358,13 @@ pub async fn erased_payloads_leave_the_log_intact(store: Arc<dyn Store>) {
     let seqs: Vec<u64> = events.iter().map(|e| e.seq).collect();
     let before = store.payloads(&seqs).await.unwrap();
     assert_eq!(before.len(), 3, "each request_created has a payload");
-    assert_eq!(store.erase_payloads(&[seqs[0], seqs[2], 999]).await.unwrap(), 2);
+    assert_eq!(
+        store
+            .erase_payloads(&[seqs[0], seqs[2], 999])
+            .await
+            .unwrap(),
+        2
+    );
     let after = store.payloads(&seqs).await.unwrap();
     assert_eq!(after.keys().copied().collect::<Vec<_>>(), vec![seqs[1]]);
     let again = all_events(&store).await;

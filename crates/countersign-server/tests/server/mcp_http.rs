@@ -276,7 +276,10 @@ async fn operator_tools_are_off_by_default_and_never_for_agents() {
     let approver = server.mcp(&server.approver).await;
     let mut approver_tools = approver.tool_names().await;
     approver_tools.retain(|t| t != "kick");
-    assert_eq!(approver_tools, AGENT_TOOLS, "an approver sees the agent tools and kick, no operator tools");
+    assert_eq!(
+        approver_tools, AGENT_TOOLS,
+        "an approver sees the agent tools and kick, no operator tools"
+    );
     let refused = approver
         .service
         .call_tool(
