@@ -21,6 +21,9 @@ use crate::gate::new_salt;
 const USER: &str = "user";
 const SESSION: &str = "session";
 const INVITE: &str = "invite";
+/// Claims of the first-admin slot: of two setup links accepted at once (say on two
+/// instances), exactly one creates the admin.
+const SETUP_CLAIM: &str = "setup_claim";
 /// Failed sign-ins before an account locks, and for how long.
 const MAX_FAILURES: u32 = 5;
 const LOCKOUT_SECONDS: u64 = 15 * 60;
@@ -400,6 +403,31 @@ impl Accounts {
             (InvitePurpose::Setup, _) => {
                 let username = validate_username(username.unwrap_or_default())?;
                 let display_name = validate_display_name(display_name.unwrap_or(&username))?;
+                // A setup link is for the first admin only. Every instance started before
+                // there is one prints a link of its own; once any of them (or `countersign
+                // user add`) has made an admin, the others are dead.
+                let already = || {
+                    GateError::Unauthenticated(
+                        "an admin account already exists, so this setup link no longer works; \
+                         ask an admin to invite you"
+                            .into(),
+                    )
+                };
+                let users = self.users().await?;
+                if users.iter().any(|u| u.role == Role::Admin && u.is_active()) {
+                    return Err(already());
+                }
+                // Two links accepted at once both see no admin: the claim decides. Its id
+                // counts the admins ever made, so a later setup (the only admin disabled)
+                // claims afresh.
+                let admins_ever = users.iter().filter(|u| u.role == Role::Admin).count();
+                let claim_id = format!("first-admin-{admins_ever}");
+                let claim = to_doc(SETUP_CLAIM, &claim_id, 1, None, &username, now)?;
+                match self.store.doc_insert(&claim, None).await {
+                    Ok(()) => {}
+                    Err(StoreError::Duplicate(_)) => return Err(already()),
+                    Err(other) => return Err(other.into()),
+                }
                 let user = User {
                     id: short_id("usr")?,
                     username: username.clone(),
@@ -416,15 +444,17 @@ impl Accounts {
                     .event(EventKind::UserCreated, Some(&user.principal().id), &user)
                     .await?;
                 let doc = to_doc(USER, &user.id, 1, Some(username.clone()), &user, now)?;
-                self.store
-                    .doc_insert(&doc, Some(&event))
-                    .await
-                    .map_err(|e| match e {
+                if let Err(err) = self.store.doc_insert(&doc, Some(&event)).await {
+                    // Free the slot for another try (best effort: if this fails too, the
+                    // CLI's `user add --role admin` still works).
+                    let _ = self.store.doc_delete(SETUP_CLAIM, &claim_id).await;
+                    return Err(match err {
                         StoreError::Duplicate(_) => {
                             GateError::BadInput(format!("the username {username} is taken"))
                         }
                         other => other.into(),
-                    })?;
+                    });
+                }
                 Ok(user)
             }
             (InvitePurpose::Invite, Some(user_id)) => {

@@ -40,6 +40,46 @@ async fn setup_admin(server: &TestServer) -> (reqwest::Client, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_one_of_several_setup_links_makes_an_admin() {
+    let server = start().await;
+    let accounts = server.gate.accounts();
+    let links: Vec<String> =
+        futures_util::future::try_join_all((0..4).map(|_| accounts.setup_token(600)))
+            .await
+            .unwrap();
+    // All four accepted at once: one admin, three told an admin exists.
+    let results = futures_util::future::join_all(links.iter().enumerate().map(|(i, link)| {
+        let name = format!("admin{i}");
+        async move {
+            accounts
+                .accept(link, Some(&name), None, "correct horse battery")
+                .await
+        }
+    }))
+    .await;
+    let made = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!(made, 1, "{results:?}");
+    for refused in results.iter().filter_map(|r| r.as_ref().err()) {
+        assert!(
+            refused
+                .to_string()
+                .contains("an admin account already exists"),
+            "{refused}"
+        );
+    }
+    let admins = accounts.users().await.unwrap();
+    assert_eq!(admins.len(), 1, "{admins:?}");
+    // A link made after the first admin exists is dead too.
+    let late = accounts.setup_token(600).await.unwrap();
+    assert!(
+        accounts
+            .accept(&late, Some("late"), None, "correct horse battery")
+            .await
+            .is_err()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn setup_link_works_once_and_creates_the_first_admin() {
     let server = start().await;
     assert!(!server.gate.accounts().has_admin().await.unwrap());
