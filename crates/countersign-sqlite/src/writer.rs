@@ -10,6 +10,11 @@
 //!
 //! One writer per process also means jobs never contend for SQLite's write lock among
 //! themselves; other processes on the same file wait on it through the busy timeout.
+//!
+//! With the `failpoints` feature (test builds only: the crash harness in
+//! `crates/countersign-crash` turns it on), the commit path has named points at which the
+//! process can be made to abort, chosen by `COUNTERSIGN_TEST_FAILPOINT`; see
+//! the `failpoints` module. Without the feature they compile to nothing.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -27,6 +32,143 @@ const MAX_BATCH: usize = 256;
 
 /// Jobs waiting for the writer; callers beyond this wait to enqueue (backpressure).
 const QUEUE: usize = 4096;
+
+/// Marks a fail point: with the `failpoints` feature, the process may abort here (see
+/// the `failpoints` module); without it, nothing at all.
+macro_rules! fail_point {
+    ($name:literal) => {
+        #[cfg(feature = "failpoints")]
+        failpoints::hit($name);
+    };
+}
+
+/// Fail points for crash testing: places in the commit path where the process aborts
+/// (as abruptly as a `SIGKILL`: no destructor, no rollback, no reply) with a given
+/// probability each time it passes.
+///
+/// `COUNTERSIGN_TEST_FAILPOINT=name:probability[,name:probability...]`, e.g.
+/// `before_commit:0.01`. The points, in the order a batch passes them:
+///
+/// - `after_begin`: the write lock is held (`BEGIN IMMEDIATE`), nothing written yet;
+/// - `after_job`: a job's savepoint was released (some of the batch written, uncommitted);
+/// - `before_commit`: every job ran, the `COMMIT` is next;
+/// - `after_commit`: the batch is durable, and no caller has been told yet.
+///
+/// The variable is read once, at the first write; a malformed value aborts the process
+/// with a message rather than silently testing nothing. Each abort prints
+/// `countersign: fail point NAME hit` to standard error first, so a harness can tell what
+/// killed the process.
+#[cfg(feature = "failpoints")]
+pub mod failpoints {
+    use std::sync::OnceLock;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// The environment variable that arms the fail points.
+    pub const VAR: &str = "COUNTERSIGN_TEST_FAILPOINT";
+    /// Every fail point, in the order a batch passes them.
+    pub const POINTS: [&str; 4] = ["after_begin", "after_job", "before_commit", "after_commit"];
+
+    struct Armed {
+        points: Vec<(&'static str, f64)>,
+        rng: AtomicU64,
+    }
+
+    /// Parses `name:probability[,...]`.
+    pub fn parse(spec: &str) -> Result<Vec<(&'static str, f64)>, String> {
+        let mut points = Vec::new();
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (name, probability) = part
+                .split_once(':')
+                .ok_or_else(|| format!("{part:?} is not name:probability"))?;
+            let name = POINTS
+                .iter()
+                .find(|p| **p == name.trim())
+                .ok_or_else(|| format!("unknown fail point {name:?} (known: {POINTS:?})"))?;
+            let probability: f64 = probability
+                .trim()
+                .parse()
+                .map_err(|_| format!("{probability:?} is not a probability"))?;
+            if !(0.0..=1.0).contains(&probability) {
+                return Err(format!("{probability} is not between 0 and 1"));
+            }
+            points.push((*name, probability));
+        }
+        Ok(points)
+    }
+
+    fn armed() -> Option<&'static Armed> {
+        static ARMED: OnceLock<Option<Armed>> = OnceLock::new();
+        ARMED
+            .get_or_init(|| {
+                let spec = std::env::var(VAR).ok()?;
+                let points = match parse(&spec) {
+                    Ok(points) => points,
+                    Err(err) => {
+                        eprintln!("countersign: {VAR}={spec:?}: {err}");
+                        std::process::abort();
+                    }
+                };
+                let nanos = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map(|d| d.as_nanos() as u64)
+                    .unwrap_or(0);
+                let seed = (nanos ^ (u64::from(std::process::id()) << 32)) | 1;
+                Some(Armed {
+                    points,
+                    rng: AtomicU64::new(seed),
+                })
+            })
+            .as_ref()
+    }
+
+    /// A uniform draw in [0, 1) (xorshift64*: plenty for choosing when to crash).
+    fn draw(rng: &AtomicU64) -> f64 {
+        let mut x = rng.load(Ordering::Relaxed);
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        rng.store(x, Ordering::Relaxed);
+        (x.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// Passes the fail point `name`: aborts the process with its probability.
+    pub(super) fn hit(name: &'static str) {
+        let Some(armed) = armed() else {
+            return;
+        };
+        for (point, probability) in &armed.points {
+            if *point == name && draw(&armed.rng) < *probability {
+                eprintln!("countersign: fail point {name} hit");
+                std::process::abort();
+            }
+        }
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::*;
+
+        #[test]
+        fn parses_points_and_refuses_typos() {
+            assert_eq!(
+                parse("before_commit:0.01, after_commit:1").unwrap(),
+                vec![("before_commit", 0.01), ("after_commit", 1.0)]
+            );
+            assert_eq!(parse("").unwrap(), vec![]);
+            assert!(parse("before_comit:0.1").is_err());
+            assert!(parse("after_begin").is_err());
+            assert!(parse("after_begin:2").is_err());
+            assert!(parse("after_begin:x").is_err());
+        }
+
+        #[test]
+        fn draws_are_uniform_enough() {
+            let rng = AtomicU64::new(0x9E37_79B9_7F4A_7C15);
+            let hits = (0..100_000).filter(|_| draw(&rng) < 0.25).count();
+            assert!((23_000..27_000).contains(&hits), "{hits}");
+        }
+    }
+}
 
 /// Work for the writer thread, type-erased so that one queue carries every kind of write.
 trait WriteJob: Send {
@@ -191,10 +333,21 @@ fn run(conn: Connection, mut queue: mpsc::Receiver<Box<dyn WriteJob>>, counters:
 fn commit_batch(conn: &Connection, batch: &mut [Box<dyn WriteJob>]) -> Result<(), StoreError> {
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(db_err("begin a write transaction"))?;
+    fail_point!("after_begin");
     let result = batch
         .iter_mut()
-        .try_for_each(|job| run_in_savepoint(conn, job.as_mut()))
-        .and_then(|()| conn.execute_batch("COMMIT").map_err(db_err("commit")));
+        .try_for_each(|job| {
+            run_in_savepoint(conn, job.as_mut())?;
+            fail_point!("after_job");
+            Ok(())
+        })
+        .and_then(|()| {
+            fail_point!("before_commit");
+            conn.execute_batch("COMMIT").map_err(db_err("commit"))?;
+            // Durable now; the replies go out when this returns.
+            fail_point!("after_commit");
+            Ok(())
+        });
     if result.is_err() && !conn.is_autocommit() {
         // Nothing of this batch may survive a failed commit or a broken savepoint, and
         // the next batch must start clean.

@@ -9,6 +9,6 @@ mod decisions;
 mod input;
 mod log;
 mod mcp_http;
-mod rooms;
 mod races;
+mod rooms;
 mod ui;

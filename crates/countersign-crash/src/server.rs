@@ -1,0 +1,144 @@
+//! The server under test: `countersign serve` as `crates/countersign/src/runtime.rs` and
+//! `cmd/serve.rs` wire it (SQLite store, signing key, change feed, transparency log,
+//! gate, HTTP router, expiry sweeper, log integration, notification outbox), built here
+//! because `countersign` is a binary crate and this one needs the SQLite backend with
+//! its fail points compiled in. Only configuration parsing is left out: the data
+//! directory and the webhook come from the command line.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use countersign_core::{Clock, Principal, Role, SystemClock};
+use countersign_server::notify::{Notifier, NotifyConfig, WebhookConfig};
+use countersign_server::{Gate, HttpConfig, KeyRing, Settings, TransparencyLog};
+use countersign_sqlite::SqliteStore;
+use countersign_store::{ChangeFeed, Store};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+/// The log origin of every harness data directory.
+pub const ORIGIN: &str = "countersign/crash-harness";
+/// The name of the one webhook the harness configures.
+pub const WEBHOOK: &str = "receiver";
+/// `countersign serve`'s default change-feed poll interval.
+const FEED_POLL: Duration = Duration::from_millis(50);
+
+pub fn db_path(data_dir: &Path) -> PathBuf {
+    data_dir.join("countersign.db")
+}
+
+pub fn keys_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join("keys")
+}
+
+/// What `runtime::open` does: the data directory, key, store, feed, log and gate.
+pub async fn open(data_dir: &Path) -> anyhow::Result<Arc<Gate>> {
+    std::fs::create_dir_all(data_dir)
+        .with_context(|| format!("could not create {}", data_dir.display()))?;
+    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
+    let keys = KeyRing::open_or_create(&keys_dir(data_dir), clock.now())
+        .context("could not load the signing key")?;
+    let store: Arc<dyn Store> =
+        Arc::new(SqliteStore::open(&db_path(data_dir)).context("could not open the database")?);
+    countersign_server::keyring::publish(&*store, &keys)
+        .await
+        .context("could not publish the signing key")?;
+    let feed = ChangeFeed::start(store.clone(), FEED_POLL)
+        .await
+        .context("could not read the event log")?;
+    let keys = Arc::new(keys);
+    let log = TransparencyLog::open(store.clone(), keys.clone(), clock.clone(), ORIGIN)
+        .await
+        .context("could not open the transparency log")?;
+    let settings = Settings {
+        backup_dir: Some(data_dir.join("backups")),
+        ..Settings::default()
+    };
+    Ok(Arc::new(Gate::new(
+        store,
+        feed,
+        keys,
+        clock,
+        Arc::new(log),
+        settings,
+    )?))
+}
+
+/// One webhook to the harness's receiver, for every event type. `lease_seconds` is
+/// `[notify] lease_seconds` (0: the default, 60 s).
+pub fn notify_config(webhook_url: &str, secret: &str, lease_seconds: u64) -> NotifyConfig {
+    NotifyConfig {
+        webhooks: vec![WebhookConfig {
+            name: WEBHOOK.into(),
+            url: webhook_url.into(),
+            secret: secret.into(),
+            events: Vec::new(),
+        }],
+        lease_seconds,
+        ..NotifyConfig::default()
+    }
+}
+
+/// Sets up a fresh data directory: tokens for `agents` agents and `approvers` approvers
+/// (returned as `(name, secret)`), and the outbox cursor, so that every event from here
+/// on is notified (a fresh outbox starts at the end of the log).
+pub async fn init(
+    data_dir: &Path,
+    agents: usize,
+    approvers: usize,
+    webhook_url: &str,
+    secret: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let gate = open(data_dir).await?;
+    let setup = Principal::local_user("crash-harness", Role::Admin);
+    let mut tokens = serde_json::Map::new();
+    let names = (0..agents)
+        .map(|n| (format!("agent-{n}"), Role::Agent))
+        .chain((0..approvers).map(|n| (format!("approver-{n}"), Role::Approver)));
+    for (name, role) in names {
+        let (_, secret) = gate.create_token(&name, role, &setup).await?;
+        tokens.insert(name, secret.into());
+    }
+    let notifier = Notifier::new(gate.clone(), notify_config(webhook_url, secret, 0))?;
+    notifier.plan_new_events().await?;
+    let cursor = gate.store().last_event_seq().await?;
+    Ok(serde_json::json!({"tokens": tokens, "outbox_from_seq": cursor}))
+}
+
+/// Serves on 127.0.0.1 (port 0) until killed, announcing `listening on http://ADDR` on
+/// standard error as `countersign serve` does.
+pub async fn serve(
+    data_dir: &Path,
+    webhook_url: &str,
+    secret: &str,
+    lease_seconds: u64,
+) -> anyhow::Result<()> {
+    let gate = open(data_dir).await?;
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let shutdown = CancellationToken::new();
+    let mut notify = notify_config(webhook_url, secret, lease_seconds);
+    notify.public_url = format!("http://{addr}");
+    let app = countersign_server::router(gate.clone(), &HttpConfig::default(), shutdown.clone());
+    let app = countersign_server::notify::attach(app, &notify)?;
+    tokio::spawn(gate.clone().run_expiry(shutdown.clone()));
+    tokio::spawn(
+        gate.log()
+            .clone()
+            .run(gate.feed().clone(), shutdown.clone()),
+    );
+    let notifier = Arc::new(Notifier::new(gate.clone(), notify)?);
+    tokio::spawn(notifier.run(gate.feed().clone(), shutdown.clone()));
+    eprintln!(
+        "countersign-crash listening on http://{addr} (data directory {})",
+        data_dir.display()
+    );
+    let app = app.into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, app)
+        .await
+        .context("the HTTP server failed")?;
+    Ok(())
+}
