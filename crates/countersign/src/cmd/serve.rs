@@ -27,9 +27,27 @@ const DRAIN: Duration = Duration::from_secs(5);
 /// How long the first-admin setup link works.
 const SETUP_SECONDS: u64 = 30 * 60;
 
+/// Connections the kernel may hold before `serve` accepts them (capped by
+/// `net.core.somaxconn`). Thousands of agents reconnecting at once after a restart or a
+/// network blip would overflow the usual 1,024, and their connects would stall on SYN
+/// retries for seconds.
+const BACKLOG: u32 = 8192;
+
+fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    // As std's and tokio's bind do: a restarted server can take its port back at once.
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(BACKLOG)
+}
+
 pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
     let gate = runtime::open(config).await?;
-    let listener = TcpListener::bind(config.listen).await.with_context(|| {
+    let listener = listen(config.listen).with_context(|| {
         format!(
             "could not listen on {} (is another countersign already running? `countersign doctor` checks)",
             config.listen
