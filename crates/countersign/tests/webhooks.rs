@@ -24,6 +24,8 @@
 //! are needed; without them the tests pass with a note on stderr, except with `CI=true`,
 //! where that is a failure.
 
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
