@@ -61,7 +61,7 @@ ENTRY_TYPES = {
 }
 # `data` members by type, as the doc's table lists them.
 DATA_MEMBERS = {
-    "request_created": {"version", "action_digest", "requested_by", "expires_at", "valid_for_seconds", "requested_fields"},
+    "request_created": {"version", "action_digest", "requested_by", "expires_at", "valid_for_seconds", "requested_fields", "room"},
     "request_decided": {"version", "decision", "authorization_type", "approvers", "action_digest", "valid_until", "nonce"},
     "request_timed_out": {"version", "expires_at"},
     "request_cancelled": {"version"},
@@ -425,6 +425,8 @@ def parse_entry(raw: bytes, what: str = "entry") -> dict[str, Any]:
         raise LogError(f"{what}: data is not an object")
     if set(data) != DATA_MEMBERS[kind]:
         raise LogError(f"{what}: {kind} data has {sorted(data)}, the doc lists {sorted(DATA_MEMBERS[kind])}")
+    if kind == "request_created" and not (data["room"] is None or isinstance(data["room"], str)):
+        raise LogError(f"{what}: room {data['room']!r} is neither a room name nor null")
     if "version" in data:
         v = data["version"]
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
