@@ -172,6 +172,7 @@ struct NotifySection {
     default_routes: Vec<String>,
     max_attempts: Option<u32>,
     lease_seconds: Option<u64>,
+    history_days: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -386,6 +387,16 @@ fn notify_config(
             bail!("[notify] lease_seconds must be at least 1");
         }
         out.lease_seconds = n.lease_seconds.unwrap_or(0);
+        if let Some(days) = n.history_days
+            && days < countersign_server::notify::MIN_HISTORY_DAYS
+        {
+            bail!(
+                "[notify] history_days is {days}; at least {} are needed (a request can wait up \
+                 to 7 days, and its Slack message is updated from the delivery history)",
+                countersign_server::notify::MIN_HISTORY_DAYS
+            );
+        }
+        out.history_days = n.history_days.unwrap_or(0);
     }
     if let Some(r) = reminders {
         if r.after_minutes == 0 {
@@ -843,5 +854,21 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("not an IP:port"));
+    }
+
+    #[test]
+    fn the_delivery_history_keeps_at_least_eight_days() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("c.toml");
+        let flags = Overrides {
+            config: Some(path.clone()),
+            ..Overrides::default()
+        };
+        std::fs::write(&path, "[notify]\nhistory_days = 90\n").unwrap();
+        let config = Config::resolve(&flags, &[]).unwrap();
+        assert_eq!(config.notify.history_days, 90);
+        std::fs::write(&path, "[notify]\nhistory_days = 7\n").unwrap();
+        let err = Config::resolve(&flags, &[]).unwrap_err();
+        assert!(format!("{err:#}").contains("at least 8"), "{err:#}");
     }
 }

@@ -101,6 +101,10 @@ pub struct NotifyConfig {
     /// send it again (0: the default, 60 s). A send is cut off after this long (at most
     /// 10 s), so a live sender never outlasts its lease.
     pub lease_seconds: u64,
+    /// How many days finished deliveries stay in the history before they are deleted
+    /// (0: the default, 30). At least [`MIN_HISTORY_DAYS`]: a request can wait a week,
+    /// and its Slack message is updated using the history's record of the post.
+    pub history_days: u64,
     /// The Slack app requests are posted as, if configured.
     pub slack: Option<slack::SlackConfig>,
     /// The SMTP server emails go through, if configured.
@@ -214,6 +218,14 @@ const CURSOR_ID: &str = "cursor";
 const LEASE_SECONDS: u64 = 60;
 /// The longest one send may take.
 const SEND_TIMEOUT_SECONDS: u64 = 10;
+/// How long finished deliveries are kept, unless configured otherwise.
+const HISTORY_DAYS: u64 = 30;
+/// The shortest history allowed: longer than the longest a request may wait (168 h).
+pub const MIN_HISTORY_DAYS: u64 = 8;
+/// How often the history is pruned.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+/// The most finished deliveries one pruning pass deletes (the next pass goes on).
+const PRUNE_BATCH: usize = 10_000;
 /// How many pending deliveries one pass looks at (as many as the history lists).
 const PENDING_SCAN_LIMIT: usize = 100_000;
 
@@ -258,6 +270,16 @@ impl Notifier {
         }
         if config.lease_seconds == 0 {
             config.lease_seconds = LEASE_SECONDS;
+        }
+        if config.history_days == 0 {
+            config.history_days = HISTORY_DAYS;
+        }
+        if config.history_days < MIN_HISTORY_DAYS {
+            return Err(GateError::BadInput(format!(
+                "[notify] history_days is {}; at least {MIN_HISTORY_DAYS} are needed (a request \
+                 can wait up to 7 days, and its Slack message is updated from the history)",
+                config.history_days
+            )));
         }
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(
@@ -505,10 +527,39 @@ impl Notifier {
         Ok(())
     }
 
+    /// Deletes finished deliveries older than `[notify] history_days` (at most
+    /// [`PRUNE_BATCH`] per call); returns how many it deleted. Every instance may run
+    /// it: deleting what another already deleted is a no-op.
+    pub async fn prune_history(&self) -> Result<u64, GateError> {
+        let keep_ms =
+            i64::try_from(self.config.history_days.saturating_mul(86_400_000)).unwrap_or(i64::MAX);
+        let now = self.now();
+        let mut deleted = 0;
+        for doc in self.store().doc_list(DONE, "", PENDING_SCAN_LIMIT).await? {
+            if deleted as usize >= PRUNE_BATCH {
+                break;
+            }
+            if doc.updated_at.millis_until(now) > keep_ms
+                && self.store().doc_delete(DONE, &doc.id).await?
+            {
+                deleted += 1;
+            }
+        }
+        if deleted > 0 {
+            tracing::info!(
+                deleted,
+                days = self.config.history_days,
+                "pruned the delivery history"
+            );
+        }
+        Ok(deleted)
+    }
+
     /// Plans and sends until `shutdown`: woken by new events, and every second for
-    /// retries and reminders.
+    /// retries and reminders; prunes the history every hour.
     pub async fn run(self: Arc<Self>, feed: ChangeFeed, shutdown: CancellationToken) {
         let mut events = feed.subscribe();
+        let mut next_prune = tokio::time::Instant::now();
         loop {
             let work = async {
                 self.plan_new_events().await?;
@@ -517,6 +568,12 @@ impl Notifier {
             };
             if let Err(err) = work.await {
                 tracing::warn!(%err, "notification outbox: will retry");
+            }
+            if tokio::time::Instant::now() >= next_prune {
+                next_prune += PRUNE_EVERY;
+                if let Err(err) = self.prune_history().await {
+                    tracing::warn!(%err, "could not prune the delivery history; will retry");
+                }
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,

@@ -178,3 +178,84 @@ async fn list_shows_pending_requests_newest_first() {
     assert_eq!(status, 400);
     assert!(body["error"]["message"].as_str().unwrap().contains("bogus"));
 }
+
+/// Finished deliveries older than `[notify] history_days` are pruned; newer ones and
+/// pending ones stay; a history shorter than a request's longest wait is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delivery_history_is_pruned_after_its_retention() {
+    use countersign_server::notify::{Notifier, NotifyConfig};
+    use countersign_store::Doc;
+
+    let server = start().await;
+    let store = server.gate.store().clone();
+    let now = countersign_core::Clock::now(server.gate.clock().as_ref());
+    let days_ago = |days: i64| {
+        countersign_core::Timestamp::from_millis(now.millis() - days * 86_400_000).unwrap()
+    };
+    let doc = |kind: &str, id: &str, at| Doc {
+        kind: kind.into(),
+        id: id.into(),
+        version: 1,
+        key: None,
+        body: json!({"id": id}),
+        updated_at: at,
+    };
+    for (id, age) in [
+        ("old-1", 31),
+        ("old-2", 45),
+        ("old-3", 400),
+        ("new-1", 29),
+        ("new-2", 0),
+    ] {
+        store
+            .doc_insert(&doc("delivery.done", id, days_ago(age)), None)
+            .await
+            .unwrap();
+    }
+    store
+        .doc_insert(&doc("delivery.pending", "waiting", days_ago(60)), None)
+        .await
+        .unwrap();
+
+    let notifier = Notifier::new(server.gate.clone(), NotifyConfig::default()).unwrap();
+    assert_eq!(notifier.prune_history().await.unwrap(), 3);
+    let left: Vec<String> = store
+        .doc_list("delivery.done", "", 100)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(left, vec!["new-1".to_string(), "new-2".to_string()]);
+    assert!(
+        store
+            .doc_get("delivery.pending", "waiting")
+            .await
+            .unwrap()
+            .is_some(),
+        "a pending delivery is never pruned"
+    );
+    assert_eq!(notifier.prune_history().await.unwrap(), 0);
+
+    // A shorter history, as configured, prunes more.
+    let week = Notifier::new(
+        server.gate.clone(),
+        NotifyConfig {
+            history_days: 10,
+            ..NotifyConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(week.prune_history().await.unwrap(), 1);
+
+    let err = Notifier::new(
+        server.gate.clone(),
+        NotifyConfig {
+            history_days: 3,
+            ..NotifyConfig::default()
+        },
+    )
+    .err()
+    .expect("3 days is refused");
+    assert!(err.to_string().contains("at least 8"), "{err}");
+}
