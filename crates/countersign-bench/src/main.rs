@@ -226,6 +226,28 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
+/// Reads a starting `serve`'s standard error (piped) until it says where it listens, and
+/// returns that base URL; the rest of its output is drained in the background.
+async fn listening_address(child: &mut Child) -> anyhow::Result<String> {
+    let stderr = child.stderr.take().context("no stderr")?;
+    let mut lines = BufReader::new(stderr).lines();
+    let base = loop {
+        let line = lines
+            .next_line()
+            .await?
+            .context("serve exited before listening")?;
+        if let Some(rest) = line.split("listening on ").nth(1) {
+            break rest
+                .split_whitespace()
+                .next()
+                .context("no address")?
+                .to_string();
+        }
+    };
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok(base)
+}
+
 /// Where the instances keep their data.
 enum Backend<'a> {
     Sqlite,
@@ -323,22 +345,7 @@ impl Setup {
             .stderr(Stdio::piped())
             .kill_on_drop(true)
             .spawn()?;
-        let stderr = child.stderr.take().context("no stderr")?;
-        let mut lines = BufReader::new(stderr).lines();
-        let base = loop {
-            let line = lines
-                .next_line()
-                .await?
-                .context("serve exited before listening")?;
-            if let Some(rest) = line.split("listening on ").nth(1) {
-                break rest
-                    .split_whitespace()
-                    .next()
-                    .context("no address")?
-                    .to_string();
-            }
-        };
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let base = listening_address(&mut child).await?;
         Ok(Instance { child, base })
     }
 

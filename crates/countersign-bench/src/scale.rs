@@ -9,10 +9,12 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use rmcp::model::CallToolRequestParams;
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::Command;
 
-use crate::{Api, Backend, Sample, Setup, args, load_average, mcp_http, micros, structured};
+use crate::{
+    Api, Backend, Sample, Setup, args, listening_address, load_average, mcp_http, micros,
+    structured,
+};
 
 // ---- process figures from /proc ----------------------------------------------------
 
@@ -519,22 +521,7 @@ pub async fn startup(bin: &Path, runs: usize, database: Option<&str>) -> anyhow:
             }
             let started = Instant::now();
             let mut child = cmd.spawn()?;
-            let stderr = child.stderr.take().context("no stderr")?;
-            let mut lines = BufReader::new(stderr).lines();
-            let base = loop {
-                let line = lines
-                    .next_line()
-                    .await?
-                    .context("serve exited before listening")?;
-                if let Some(rest) = line.split("listening on ").nth(1) {
-                    break rest
-                        .split_whitespace()
-                        .next()
-                        .context("no address")?
-                        .to_string();
-                }
-            };
-            tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+            let base = listening_address(&mut child).await?;
             loop {
                 if let Ok(r) = http.get(format!("{base}/healthz")).send().await
                     && r.status().is_success()
