@@ -97,6 +97,27 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
     }
 }
 
+/// `Path<T>` with countersign's error shape (a path segment that does not parse, e.g. a
+/// log index that is not a number, is a JSON 400 like every other bad input).
+pub struct ApiPath<T>(pub T);
+
+impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath<T> {
+    type Rejection = Response;
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        match Path::<T>::from_request_parts(parts, state).await {
+            Ok(Path(value)) => Ok(ApiPath(value)),
+            Err(rejection) => Err((
+                rejection.status(),
+                Json(serde_json::json!({"error": {"code": "invalid_input", "message": rejection.body_text()}})),
+            )
+                .into_response()),
+        }
+    }
+}
+
 fn query_rejection(rejection: QueryRejection) -> Response {
     (
         StatusCode::BAD_REQUEST,
@@ -223,7 +244,7 @@ async fn list_requests(
 async fn get_request(
     State(state): State<AppState>,
     AnyAuth(who): AnyAuth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ApprovalView>, ApiError> {
     let request = state.gate.get(&who, &id).await?;
     Ok(Json(ApprovalView::new(&request)))
@@ -239,7 +260,7 @@ struct WaitParams {
 async fn wait_request(
     State(state): State<AppState>,
     AnyAuth(who): AnyAuth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiQuery(params): ApiQuery<WaitParams>,
 ) -> Result<Json<ApprovalView>, ApiError> {
     let seconds = params.timeout_seconds.unwrap_or(DEFAULT_WAIT_SECONDS);
@@ -259,7 +280,7 @@ async fn wait_request(
 async fn decide(
     State(state): State<AppState>,
     ApproverAuth(decider): ApproverAuth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<DecisionBody>,
 ) -> Result<Json<ApprovalView>, ApiError> {
     let verdict = parse_decision(&body)?;
@@ -282,7 +303,7 @@ async fn decide(
 async fn cancel(
     State(state): State<AppState>,
     AnyAuth(who): AnyAuth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<ApprovalView>, ApiError> {
     let request = state.gate.cancel(&who, &id).await?;
     Ok(Json(ApprovalView::new(&request)))
@@ -299,7 +320,7 @@ struct ActionBody {
 async fn record_action(
     State(state): State<AppState>,
     AnyAuth(who): AnyAuth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ActionBody>,
 ) -> Result<Json<ApprovalView>, ApiError> {
     let request = state
@@ -375,7 +396,7 @@ async fn create_token(
 async fn revoke_token(
     State(state): State<AppState>,
     AdminAuth(admin): AdminAuth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<TokenView>, ApiError> {
     let record = state.gate.revoke_token(&id, &admin).await?;
     Ok(Json(TokenView::from(&record)))
@@ -394,7 +415,7 @@ struct OutcomeBody {
 async fn record_outcome(
     State(state): State<AppState>,
     AnyAuth(who): AnyAuth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<OutcomeBody>,
 ) -> Result<Json<ApprovalView>, ApiError> {
     let status = body.status.parse().map_err(GateError::from)?;
@@ -416,7 +437,7 @@ struct ReviewBody {
 async fn record_review(
     State(state): State<AppState>,
     AnyAuth(who): AnyAuth,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<ReviewBody>,
 ) -> Result<Json<ApprovalView>, ApiError> {
     let verdict = body.verdict.parse().map_err(GateError::from)?;
@@ -449,7 +470,7 @@ struct EvidenceParams {
 async fn get_evidence(
     State(state): State<AppState>,
     AnyAuth(who): AnyAuth,
-    Path(subject): Path<String>,
+    ApiPath(subject): ApiPath<String>,
     ApiQuery(params): ApiQuery<EvidenceParams>,
 ) -> Result<Response, ApiError> {
     let mode = crate::views::parse_mode(params.mode.as_deref())?;
@@ -535,7 +556,7 @@ async fn log_key(
 async fn log_entry(
     State(state): State<AppState>,
     AnyAuth(_who): AnyAuth,
-    Path(index): Path<u64>,
+    ApiPath(index): ApiPath<u64>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     use base64::Engine;
     let event = state.gate.log().entry(index).await?;

@@ -3,7 +3,7 @@
 
 use axum::Json;
 use axum::Router;
-use axum::extract::{Path, State};
+use axum::extract::State;
 use axum::routing::{get, post};
 use countersign_core::Principal;
 use serde::Deserialize;
@@ -13,7 +13,7 @@ use crate::AppState;
 use crate::auth::{AnyAuth, ApproverAuth};
 use crate::error::GateError;
 use crate::gate::{Decider, Gate};
-use crate::rest::{ApiError, ApiJson, ApiQuery};
+use crate::rest::{ApiError, ApiJson, ApiPath, ApiQuery};
 use crate::rooms::Room;
 use crate::ui::{ApiSession, CsrfSession};
 
@@ -203,7 +203,7 @@ async fn api_create(
 async fn api_messages(
     State(s): State<AppState>,
     AnyAuth(_): AnyAuth,
-    Path(room): Path<String>,
+    ApiPath(room): ApiPath<String>,
     ApiQuery(p): ApiQuery<MessagesParams>,
 ) -> Result<Json<Value>, ApiError> {
     messages(&s.gate, &room, p).await
@@ -212,7 +212,7 @@ async fn api_messages(
 async fn api_post(
     State(s): State<AppState>,
     AnyAuth(who): AnyAuth,
-    Path(room): Path<String>,
+    ApiPath(room): ApiPath<String>,
     ApiJson(body): ApiJson<PostBody>,
 ) -> Result<Json<Value>, ApiError> {
     let m = s
@@ -230,7 +230,7 @@ async fn api_post(
 async fn api_members(
     State(s): State<AppState>,
     AnyAuth(_): AnyAuth,
-    Path(room): Path<String>,
+    ApiPath(room): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     members(&s.gate, &room).await
 }
@@ -238,7 +238,7 @@ async fn api_members(
 async fn api_answer(
     State(s): State<AppState>,
     ApproverAuth(who): ApproverAuth,
-    Path((room, id)): Path<(String, String)>,
+    ApiPath((room, id)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<AnswerBody>,
 ) -> Result<Json<Value>, ApiError> {
     Ok(Json(json!(
@@ -249,7 +249,7 @@ async fn api_answer(
 async fn api_resolve(
     State(s): State<AppState>,
     ApproverAuth(who): ApproverAuth,
-    Path((room, id)): Path<(String, String)>,
+    ApiPath((room, id)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<ResolveBody>,
 ) -> Result<Json<Value>, ApiError> {
     Ok(Json(json!(
@@ -262,7 +262,7 @@ async fn api_resolve(
 async fn api_admin(
     State(s): State<AppState>,
     ApproverAuth(who): ApproverAuth,
-    Path((room, action)): Path<(String, String)>,
+    ApiPath((room, action)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<AdminBody>,
 ) -> Result<Json<Value>, ApiError> {
     admin(&s.gate, &who, &room, &action, body).await
@@ -285,7 +285,7 @@ async fn ui_create(
 async fn ui_messages(
     State(s): State<AppState>,
     _session: ApiSession,
-    Path(room): Path<String>,
+    ApiPath(room): ApiPath<String>,
     ApiQuery(p): ApiQuery<MessagesParams>,
 ) -> Result<Json<Value>, ApiError> {
     messages(&s.gate, &room, p).await
@@ -294,7 +294,7 @@ async fn ui_messages(
 async fn ui_post(
     State(s): State<AppState>,
     CsrfSession(session): CsrfSession,
-    Path(room): Path<String>,
+    ApiPath(room): ApiPath<String>,
     ApiJson(body): ApiJson<PostBody>,
 ) -> Result<Json<Value>, ApiError> {
     let m = s
@@ -312,7 +312,7 @@ async fn ui_post(
 async fn ui_members(
     State(s): State<AppState>,
     _session: ApiSession,
-    Path(room): Path<String>,
+    ApiPath(room): ApiPath<String>,
 ) -> Result<Json<Value>, ApiError> {
     members(&s.gate, &room).await
 }
@@ -320,7 +320,7 @@ async fn ui_members(
 async fn ui_answer(
     State(s): State<AppState>,
     CsrfSession(session): CsrfSession,
-    Path((room, id)): Path<(String, String)>,
+    ApiPath((room, id)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<AnswerBody>,
 ) -> Result<Json<Value>, ApiError> {
     let who = Decider::new(session.user.principal())?;
@@ -332,7 +332,7 @@ async fn ui_answer(
 async fn ui_resolve(
     State(s): State<AppState>,
     CsrfSession(session): CsrfSession,
-    Path((room, id)): Path<(String, String)>,
+    ApiPath((room, id)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<ResolveBody>,
 ) -> Result<Json<Value>, ApiError> {
     let who = Decider::new(session.user.principal())?;
@@ -346,7 +346,7 @@ async fn ui_resolve(
 async fn ui_admin(
     State(s): State<AppState>,
     CsrfSession(session): CsrfSession,
-    Path((room, action)): Path<(String, String)>,
+    ApiPath((room, action)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<AdminBody>,
 ) -> Result<Json<Value>, ApiError> {
     let who = Decider::new(session.user.principal())?;

@@ -31,7 +31,7 @@ use crate::accounts::{SignIn, User};
 use crate::error::GateError;
 use crate::gate::Decider;
 use crate::mcp::parse_decision;
-use crate::rest::{ApiError, ApiJson, ApiQuery};
+use crate::rest::{ApiError, ApiJson, ApiPath, ApiQuery};
 use crate::views::{ApprovalView, DecisionBody};
 
 pub const COOKIE: &str = "cs_session";
@@ -96,7 +96,7 @@ async fn index_page(session: Option<PageSession>) -> Response {
     }
 }
 
-async fn request_page(session: Option<PageSession>, Path(id): Path<String>) -> Response {
+async fn request_page(session: Option<PageSession>, ApiPath(id): ApiPath<String>) -> Response {
     match session {
         Some(_) => html(INDEX),
         // Signed out (say, from an emailed link): sign in, then come back here.
@@ -499,7 +499,7 @@ async fn invite_user(
 async fn disable_user(
     State(state): State<AppState>,
     CsrfSession(session): CsrfSession,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     require_admin(&session)?;
     if id == session.user.id {
@@ -609,7 +609,7 @@ async fn list_requests(
 async fn get_request(
     State(state): State<AppState>,
     session: ApiSession,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
 ) -> Result<Json<UiRequest>, ApiError> {
     let request = state.gate.get(&session.user.principal(), &id).await?;
     Ok(Json(ui_request(&request, &session.user)))
@@ -631,7 +631,7 @@ struct UiDecisionBody {
 async fn decide(
     State(state): State<AppState>,
     CsrfSession(session): CsrfSession,
-    Path(id): Path<String>,
+    ApiPath(id): ApiPath<String>,
     ApiJson(body): ApiJson<UiDecisionBody>,
 ) -> Result<Json<UiRequest>, ApiError> {
     let decider = Decider::new(session.user.principal())?;

@@ -191,6 +191,25 @@ async fn concurrent_appends_make_one_log_that_verifies_entry_by_entry() {
         .get("/api/v1/log/entries/999999", &server.agent)
         .await;
     assert_eq!(status, 404);
+    // Found by the server_rest fuzz target (fuzz/corpus/server_rest/
+    // regression-log-index-not-a-number): an index that is not a number was answered
+    // with axum's plain-text rejection, not countersign's error shape.
+    for bad in ["mode=full", "-1", "18446744073709551616", "%FF"] {
+        let (status, body) = server
+            .get(&format!("/api/v1/log/entries/{bad}"), &server.agent)
+            .await;
+        assert_eq!(status, 400, "{bad}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_input", "{bad}: {body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .is_some_and(|m| !m.is_empty()),
+            "{bad}: {body}"
+        );
+    }
+    let (status, body) = server.get("/api/v1/requests/%FF/wait", &server.agent).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["code"], "invalid_input", "{body}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
