@@ -156,6 +156,47 @@ struct AdminBody {
     title: Option<String>,
 }
 
+async fn post_message(
+    gate: &Gate,
+    who: &Principal,
+    room: &str,
+    body: PostBody,
+) -> Result<Json<Value>, ApiError> {
+    let message = gate
+        .post_message(
+            who,
+            room,
+            &body.text,
+            body.kind.as_deref().unwrap_or("note"),
+        )
+        .await?;
+    Ok(Json(json!(message)))
+}
+
+async fn answer(
+    gate: &Gate,
+    who: &Decider,
+    room: &str,
+    id: &str,
+    body: AnswerBody,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(json!(
+        gate.answer_question(who, room, id, &body.text).await?
+    )))
+}
+
+async fn resolve(
+    gate: &Gate,
+    who: &Decider,
+    room: &str,
+    id: &str,
+    body: ResolveBody,
+) -> Result<Json<Value>, ApiError> {
+    Ok(Json(json!(
+        gate.resolve_blocker(who, room, id, &body.reply).await?
+    )))
+}
+
 async fn admin(
     gate: &Gate,
     who: &Decider,
@@ -215,16 +256,7 @@ async fn api_post(
     ApiPath(room): ApiPath<String>,
     ApiJson(body): ApiJson<PostBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let m = s
-        .gate
-        .post_message(
-            &who,
-            &room,
-            &body.text,
-            body.kind.as_deref().unwrap_or("note"),
-        )
-        .await?;
-    Ok(Json(json!(m)))
+    post_message(&s.gate, &who, &room, body).await
 }
 
 async fn api_members(
@@ -241,9 +273,7 @@ async fn api_answer(
     ApiPath((room, id)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<AnswerBody>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!(
-        s.gate.answer_question(&who, &room, &id, &body.text).await?
-    )))
+    answer(&s.gate, &who, &room, &id, body).await
 }
 
 async fn api_resolve(
@@ -252,11 +282,7 @@ async fn api_resolve(
     ApiPath((room, id)): ApiPath<(String, String)>,
     ApiJson(body): ApiJson<ResolveBody>,
 ) -> Result<Json<Value>, ApiError> {
-    Ok(Json(json!(
-        s.gate
-            .resolve_blocker(&who, &room, &id, &body.reply)
-            .await?
-    )))
+    resolve(&s.gate, &who, &room, &id, body).await
 }
 
 async fn api_admin(
@@ -297,16 +323,7 @@ async fn ui_post(
     ApiPath(room): ApiPath<String>,
     ApiJson(body): ApiJson<PostBody>,
 ) -> Result<Json<Value>, ApiError> {
-    let m = s
-        .gate
-        .post_message(
-            &session.user.principal(),
-            &room,
-            &body.text,
-            body.kind.as_deref().unwrap_or("note"),
-        )
-        .await?;
-    Ok(Json(json!(m)))
+    post_message(&s.gate, &session.user.principal(), &room, body).await
 }
 
 async fn ui_members(
@@ -324,9 +341,7 @@ async fn ui_answer(
     ApiJson(body): ApiJson<AnswerBody>,
 ) -> Result<Json<Value>, ApiError> {
     let who = Decider::new(session.user.principal())?;
-    Ok(Json(json!(
-        s.gate.answer_question(&who, &room, &id, &body.text).await?
-    )))
+    answer(&s.gate, &who, &room, &id, body).await
 }
 
 async fn ui_resolve(
@@ -336,11 +351,7 @@ async fn ui_resolve(
     ApiJson(body): ApiJson<ResolveBody>,
 ) -> Result<Json<Value>, ApiError> {
     let who = Decider::new(session.user.principal())?;
-    Ok(Json(json!(
-        s.gate
-            .resolve_blocker(&who, &room, &id, &body.reply)
-            .await?
-    )))
+    resolve(&s.gate, &who, &room, &id, body).await
 }
 
 async fn ui_admin(
