@@ -374,18 +374,26 @@ impl Api {
         })
     }
 
+    /// Sends `request`; the response if it succeeded, else an error naming `what`.
+    async fn send(
+        &self,
+        request: reqwest::RequestBuilder,
+        what: &str,
+    ) -> anyhow::Result<reqwest::Response> {
+        let resp = request.send().await?;
+        if !resp.status().is_success() {
+            bail!("{what} failed: {}", resp.text().await?);
+        }
+        Ok(resp)
+    }
+
     async fn create(&self, base: &str) -> anyhow::Result<String> {
-        let resp = self
+        let request = self
             .http
             .post(format!("{base}/api/v1/requests"))
             .bearer_auth(&*self.agent)
-            .json(&json!({"action_description": "bench", "action_details": {"n": "1"}}))
-            .send()
-            .await?;
-        if !resp.status().is_success() {
-            bail!("create failed: {}", resp.text().await?);
-        }
-        let body: Value = resp.json().await?;
+            .json(&json!({"action_description": "bench", "action_details": {"n": "1"}}));
+        let body: Value = self.send(request, "create").await?.json().await?;
         body["request_id"]
             .as_str()
             .map(str::to_string)
@@ -393,47 +401,44 @@ impl Api {
     }
 
     async fn approve(&self, base: &str, id: &str) -> anyhow::Result<()> {
-        let resp = self
+        let request = self
             .http
             .post(format!("{base}/api/v1/requests/{id}/decision"))
             .bearer_auth(&*self.approver)
-            .json(&json!({"decision": "approved"}))
-            .send()
-            .await?;
-        if !resp.status().is_success() {
-            bail!("decision failed: {}", resp.text().await?);
-        }
+            .json(&json!({"decision": "approved"}));
+        self.send(request, "decision").await?;
         Ok(())
     }
 
-    /// A long poll; returns the request's status.
-    async fn wait(&self, base: &str, id: &str) -> anyhow::Result<String> {
-        let resp = self
+    /// A long poll of up to `timeout_seconds`; returns the request's status.
+    async fn wait_up_to(
+        &self,
+        base: &str,
+        id: &str,
+        timeout_seconds: u64,
+    ) -> anyhow::Result<String> {
+        let request = self
             .http
             .get(format!(
-                "{base}/api/v1/requests/{id}/wait?timeout_seconds=30"
+                "{base}/api/v1/requests/{id}/wait?timeout_seconds={timeout_seconds}"
             ))
-            .bearer_auth(&*self.agent)
-            .send()
-            .await?;
-        if !resp.status().is_success() {
-            bail!("wait failed: {}", resp.text().await?);
-        }
-        let body: Value = resp.json().await?;
+            .bearer_auth(&*self.agent);
+        let body: Value = self.send(request, "wait").await?.json().await?;
         Ok(body["status"].as_str().unwrap_or("").to_string())
     }
 
+    /// A long poll of up to 30 s; returns the request's status.
+    async fn wait(&self, base: &str, id: &str) -> anyhow::Result<String> {
+        self.wait_up_to(base, id, 30).await
+    }
+
     async fn record_action(&self, base: &str, id: &str) -> anyhow::Result<()> {
-        let resp = self
+        let request = self
             .http
             .post(format!("{base}/api/v1/requests/{id}/actions"))
             .bearer_auth(&*self.agent)
-            .json(&json!({"tool": "bench"}))
-            .send()
-            .await?;
-        if !resp.status().is_success() {
-            bail!("record_action failed: {}", resp.text().await?);
-        }
+            .json(&json!({"tool": "bench"}));
+        self.send(request, "record_action").await?;
         Ok(())
     }
 }

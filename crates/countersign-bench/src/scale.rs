@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use rmcp::model::CallToolRequestParams;
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::process::Command;
 
 use crate::{
@@ -75,22 +75,6 @@ fn raise_open_files(wanted: u64) -> anyhow::Result<u64> {
 }
 
 // ---- many waiters ------------------------------------------------------------------
-
-async fn long_wait(api: &Api, base: &str, id: &str) -> anyhow::Result<String> {
-    let resp = api
-        .http
-        .get(format!(
-            "{base}/api/v1/requests/{id}/wait?timeout_seconds=300"
-        ))
-        .bearer_auth(&*api.agent)
-        .send()
-        .await?;
-    if !resp.status().is_success() {
-        bail!("wait failed: {}", resp.text().await?);
-    }
-    let body: Value = resp.json().await?;
-    Ok(body["status"].as_str().unwrap_or("").to_string())
-}
 
 /// Runs `count` futures made by `op`, at most `parallel` at a time.
 async fn bounded<F, Fut, T>(count: usize, parallel: usize, op: F) -> anyhow::Result<Vec<T>>
@@ -168,7 +152,8 @@ pub async fn waiters(bin: &Path, count: usize, database: Option<&str>) -> anyhow
         for id in wave {
             let (api, a, id) = (waiting.clone(), a.clone(), id.clone());
             tasks.push(tokio::spawn(async move {
-                let status = long_wait(&api, &a, &id).await?;
+                // The longest wait the server allows: all must still be waiting when decided.
+                let status = api.wait_up_to(&a, &id, 300).await?;
                 anyhow::Ok((Instant::now(), status))
             }));
         }
