@@ -74,6 +74,12 @@ fn json_rejection(rejection: JsonRejection) -> Response {
         }
         _ => rejection.body_text(),
     };
+    error_response(status, code, message)
+}
+
+/// countersign's error shape, `{"error": {"code", "message"}}`, for an extractor's
+/// rejection.
+fn error_response(status: StatusCode, code: &str, message: String) -> Response {
     (
         status,
         Json(serde_json::json!({"error": {"code": code, "message": message}})),
@@ -92,7 +98,7 @@ impl<T: DeserializeOwned, S: Send + Sync> FromRequestParts<S> for ApiQuery<T> {
     ) -> Result<Self, Self::Rejection> {
         match Query::<T>::from_request_parts(parts, state).await {
             Ok(Query(value)) => Ok(ApiQuery(value)),
-            Err(rejection) => Err(query_rejection(rejection)),
+            Err(rejection) => Err(query_rejection(&rejection)),
         }
     }
 }
@@ -109,21 +115,21 @@ impl<T: DeserializeOwned + Send, S: Send + Sync> FromRequestParts<S> for ApiPath
     ) -> Result<Self, Self::Rejection> {
         match Path::<T>::from_request_parts(parts, state).await {
             Ok(Path(value)) => Ok(ApiPath(value)),
-            Err(rejection) => Err((
+            Err(rejection) => Err(error_response(
                 rejection.status(),
-                Json(serde_json::json!({"error": {"code": "invalid_input", "message": rejection.body_text()}})),
-            )
-                .into_response()),
+                "invalid_input",
+                rejection.body_text(),
+            )),
         }
     }
 }
 
-fn query_rejection(rejection: QueryRejection) -> Response {
-    (
+fn query_rejection(rejection: &QueryRejection) -> Response {
+    error_response(
         StatusCode::BAD_REQUEST,
-        Json(serde_json::json!({"error": {"code": "invalid_input", "message": rejection.body_text()}})),
+        "invalid_input",
+        rejection.body_text(),
     )
-        .into_response()
 }
 
 pub fn api_routes() -> Router<AppState> {
