@@ -249,7 +249,9 @@ impl Gate {
     ) -> Result<ApprovalRequest, GateError> {
         // Watch before reading, so a decision committed after the read is always seen.
         let mut watch = self.feed.watch(id);
-        let mut current = self.get(who, id).await?;
+        // The reads are boxed: a parked waiter then holds a pointer instead of room for a
+        // read's state (4 KiB), which matters with thousands of agents waiting at once.
+        let mut current = Box::pin(self.get(who, id)).await?;
         let start = Instant::now();
         let deadline = start + timeout;
         let mut next_progress = start + PROGRESS_EVERY;
@@ -266,7 +268,7 @@ impl Gate {
             let wake = deadline.min(expiry).min(next_progress);
             tokio::select! {
                 _ = watch.changed() => {}
-                _ = self.stopping.cancelled() => return self.get(who, id).await,
+                _ = self.stopping.cancelled() => return Box::pin(self.get(who, id)).await,
                 _ = tokio::time::sleep_until(wake) => {
                     if Instant::now() >= next_progress {
                         progress(start.elapsed());
@@ -274,7 +276,7 @@ impl Gate {
                     }
                 }
             }
-            current = self.get(who, id).await?;
+            current = Box::pin(self.get(who, id)).await?;
         }
     }
 

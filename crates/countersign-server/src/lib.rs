@@ -6,6 +6,7 @@ pub mod auth;
 pub mod error;
 pub mod gate;
 pub mod guard;
+pub mod http_server;
 pub mod keyring;
 pub mod log;
 pub mod mcp;
@@ -27,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use error::GateError;
 pub use gate::{Decider, Gate, Settings};
+pub use http_server::serve;
 pub use keyring::KeyRing;
 pub use log::TransparencyLog;
 pub use mcp::{Identity, McpService};

@@ -1094,7 +1094,7 @@ async fn serve_answers_long_polls_when_it_shuts_down() {
     let tmp = tempfile::tempdir().unwrap();
     let data = tmp.path().join("d");
     let agent = create_token(&data, "agent", "bot").await;
-    let server = Server::start(&data);
+    let mut server = Server::start(&data);
     let id = server.create_request(&agent, &pay(1)).await;
     let request = server
         .http()
@@ -1121,6 +1121,19 @@ async fn serve_answers_long_polls_when_it_shuts_down() {
     assert!(
         answered < Duration::from_secs(2),
         "answered after {answered:?}"
+    );
+    // Then it exits cleanly once its connections are closed (the client's idle
+    // keep-alive one included), well before the 5 s drain limit.
+    let exit = server.exited_within(Duration::from_secs(4));
+    assert!(
+        exit.is_some_and(|status| status.success()),
+        "serve did not exit cleanly after SIGTERM: {exit:?}; stderr:\n{}",
+        server.stderr()
+    );
+    assert!(
+        !server.stderr().contains("did not finish"),
+        "{}",
+        server.stderr()
     );
 }
 

@@ -9,6 +9,7 @@ mod decisions;
 mod input;
 mod log;
 mod mcp_http;
+mod protocols;
 mod races;
 mod rooms;
 mod ui;

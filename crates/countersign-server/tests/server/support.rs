@@ -91,13 +91,7 @@ pub async fn start_full(config: HttpConfig, settings: Settings) -> TestServer {
             .clone()
             .run(gate.feed().clone(), shutdown.clone()),
     );
-    let stop = shutdown.clone();
-    tokio::spawn(async move {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(async move { stop.cancelled().await })
-            .await
-            .unwrap();
-    });
+    tokio::spawn(countersign_server::serve(listener, app, shutdown.clone()));
     TestServer {
         base: format!("http://{addr}"),
         gate,

@@ -118,13 +118,9 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         stopping.begin_shutdown();
         signal.cancel();
     });
-    let app = app.into_make_service_with_connect_info::<std::net::SocketAddr>();
-    let server = axum::serve(listener, app).with_graceful_shutdown({
-        let shutdown = shutdown.clone();
-        async move { shutdown.cancelled().await }
-    });
+    let server = countersign_server::serve(listener, app, shutdown.clone());
     tokio::select! {
-        result = server => result.context("the HTTP server failed")?,
+        () = server => {}
         _ = async { shutdown.cancelled().await; tokio::time::sleep(DRAIN).await } => {
             tracing::warn!("in-flight requests did not finish within {DRAIN:?}; exiting");
         }

@@ -219,6 +219,20 @@ impl Server {
         &self.http
     }
 
+    /// Waits up to `within` for the process to exit by itself; its status if it did.
+    pub fn exited_within(&mut self, within: Duration) -> Option<std::process::ExitStatus> {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if std::time::Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// SIGKILL: no graceful shutdown, as in a crash.
     pub fn kill(&mut self) {
         let _ = self.child.kill();
