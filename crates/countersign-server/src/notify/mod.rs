@@ -527,23 +527,19 @@ impl Notifier {
         Ok(())
     }
 
-    /// Deletes finished deliveries older than `[notify] history_days` (at most
-    /// [`PRUNE_BATCH`] per call); returns how many it deleted. Every instance may run
-    /// it: deleting what another already deleted is a no-op.
+    /// Deletes what is older than `[notify] history_days`: finished deliveries, and the
+    /// records of Slack messages posted and emails sent for requests (kept so a decision
+    /// can update the message and send follow-ups; a request is closed long before, as
+    /// no request waits more than 7 days). At most [`PRUNE_BATCH`] per kind and call;
+    /// returns how many it deleted. Every instance may run it: deleting what another
+    /// already deleted is a no-op.
     pub async fn prune_history(&self) -> Result<u64, GateError> {
         let keep_ms =
             i64::try_from(self.config.history_days.saturating_mul(86_400_000)).unwrap_or(i64::MAX);
         let now = self.now();
         let mut deleted = 0;
-        for doc in self.store().doc_list(DONE, "", PENDING_SCAN_LIMIT).await? {
-            if deleted as usize >= PRUNE_BATCH {
-                break;
-            }
-            if doc.updated_at.millis_until(now) > keep_ms
-                && self.store().doc_delete(DONE, &doc.id).await?
-            {
-                deleted += 1;
-            }
+        for kind in [DONE, slack::MESSAGE, email::SENT] {
+            deleted += self.prune_kind(kind, keep_ms, now).await?;
         }
         if deleted > 0 {
             tracing::info!(
@@ -551,6 +547,23 @@ impl Notifier {
                 days = self.config.history_days,
                 "pruned the delivery history"
             );
+        }
+        Ok(deleted)
+    }
+
+    async fn prune_kind(&self, kind: &str, keep_ms: i64, now: Timestamp) -> Result<u64, GateError> {
+        let mut deleted = 0;
+        // Most ids start with something time-ordered (an event's zero-padded sequence
+        // number, a request id), so the scan meets the oldest first.
+        for doc in self.store().doc_list(kind, "", PENDING_SCAN_LIMIT).await? {
+            if deleted as usize >= PRUNE_BATCH {
+                break;
+            }
+            if doc.updated_at.millis_until(now) > keep_ms
+                && self.store().doc_delete(kind, &doc.id).await?
+            {
+                deleted += 1;
+            }
         }
         Ok(deleted)
     }

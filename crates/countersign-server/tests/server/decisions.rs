@@ -179,8 +179,9 @@ async fn list_shows_pending_requests_newest_first() {
     assert!(body["error"]["message"].as_str().unwrap().contains("bogus"));
 }
 
-/// Finished deliveries older than `[notify] history_days` are pruned; newer ones and
-/// pending ones stay; a history shorter than a request's longest wait is refused.
+/// Finished deliveries, and the records of Slack messages and emails sent, older than
+/// `[notify] history_days` are pruned; newer ones and pending deliveries stay; a history
+/// shorter than a request's longest wait is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_delivery_history_is_pruned_after_its_retention() {
     use countersign_server::notify::{Notifier, NotifyConfig};
@@ -216,9 +217,31 @@ async fn the_delivery_history_is_pruned_after_its_retention() {
         .doc_insert(&doc("delivery.pending", "waiting", days_ago(60)), None)
         .await
         .unwrap();
+    for (kind, id, age) in [
+        ("slack.message", "req_old/000000000001.slack.U1", 31),
+        ("slack.message", "req_new/000000000009.slack.U1", 2),
+        ("email.sent", "req_old/ann@example.com", 31),
+        ("email.sent", "req_new/ann@example.com", 2),
+    ] {
+        store
+            .doc_insert(&doc(kind, id, days_ago(age)), None)
+            .await
+            .unwrap();
+    }
 
     let notifier = Notifier::new(server.gate.clone(), NotifyConfig::default()).unwrap();
-    assert_eq!(notifier.prune_history().await.unwrap(), 3);
+    assert_eq!(notifier.prune_history().await.unwrap(), 5);
+    for kind in ["slack.message", "email.sent"] {
+        let left: Vec<String> = store
+            .doc_list(kind, "", 100)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|d| d.id)
+            .collect();
+        assert_eq!(left.len(), 1, "{kind}: {left:?}");
+        assert!(left[0].starts_with("req_new/"), "{kind}: {left:?}");
+    }
     let left: Vec<String> = store
         .doc_list("delivery.done", "", 100)
         .await
