@@ -146,6 +146,8 @@ struct EmailSection {
     username: Option<String>,
     password: Option<String>,
     password_file: Option<PathBuf>,
+    /// PEM certificates to trust for the SMTP server besides the Mozilla roots.
+    ca_file: Option<PathBuf>,
     /// Email address → dashboard username.
     #[serde(default)]
     approvers: std::collections::BTreeMap<String, String>,
@@ -289,7 +291,9 @@ fn email_config(
     section: Option<EmailSection>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> anyhow::Result<Option<countersign_server::notify::email::EmailConfig>> {
-    use countersign_server::notify::email::{EmailConfig, SmtpUrl, check_address};
+    use countersign_server::notify::email::{
+        EmailConfig, Security, SmtpUrl, check_address, load_ca_file,
+    };
     let Some(e) = section else {
         if env("COUNTERSIGN_SMTP_PASSWORD").is_some() {
             bail!("COUNTERSIGN_SMTP_PASSWORD is set but the config has no [email] section");
@@ -307,6 +311,14 @@ fn email_config(
     if password.is_some() && e.username.is_none() {
         bail!("[email] has a password but no username");
     }
+    let extra_roots = match &e.ca_file {
+        None => None,
+        Some(_) if smtp.security == Security::Plain => bail!(
+            "[email] ca_file is set but smtp_url {:?} is plain (no TLS): use smtps:// or ?tls=starttls",
+            e.smtp_url
+        ),
+        Some(path) => Some(load_ca_file(path).map_err(|m| anyhow::anyhow!(m))?),
+    };
     let mut approvers = std::collections::BTreeMap::new();
     for (address, username) in e.approvers {
         check_address(&address).map_err(|m| anyhow::anyhow!("[email.approvers] {m}"))?;
@@ -322,6 +334,7 @@ fn email_config(
         from: e.from,
         username: e.username,
         password,
+        extra_roots,
         approvers,
         token_decisions: e.token_decisions.unwrap_or(false),
         token_minutes,

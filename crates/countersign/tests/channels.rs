@@ -749,6 +749,11 @@ fn python(root: &Path) -> PathBuf {
 impl SmtpSink {
     /// Starts `tests/python/smtp_sink.py`; `Err` says why it cannot.
     async fn start() -> Result<SmtpSink, String> {
+        SmtpSink::start_with(&[]).await
+    }
+
+    /// Starts `tests/python/smtp_sink.py` with more arguments (`--tls ...`, `--auth ...`).
+    async fn start_with(args: &[&std::ffi::OsStr]) -> Result<SmtpSink, String> {
         use tokio::io::AsyncBufReadExt;
         let root = repo_root();
         let python = python(&root);
@@ -777,6 +782,7 @@ impl SmtpSink {
             .arg(root.join("tests/python/smtp_sink.py"))
             .arg(port.to_string())
             .arg(dir.path())
+            .args(args)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .kill_on_drop(true)
@@ -1184,6 +1190,108 @@ async fn email_links_survive_scanners_and_approvers_decide_on_the_pages() {
 }
 
 // ---- doctor and send-test-email ----------------------------------------------------------
+
+/// Email over real TLS: STARTTLS, and TLS from the first byte, to an SMTP server whose
+/// certificate chains to a private CA named by `[email] ca_file`, with the credentials
+/// (which the server only takes under TLS). Without `ca_file` the certificate is refused
+/// in words and nothing is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn email_over_starttls_and_implicit_tls_trusts_a_private_ca() {
+    for (mode, url) in [
+        ("starttls", "smtp://127.0.0.1:{port}?tls=starttls"),
+        ("implicit", "smtps://127.0.0.1:{port}"),
+    ] {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = dir.path().join("ca.pem");
+        let args = [
+            "--tls".as_ref(),
+            mode.as_ref(),
+            "--ca-out".as_ref(),
+            ca.as_os_str(),
+            "--auth".as_ref(),
+            "approvals:s3cret-pw".as_ref(),
+        ];
+        let smtp = match SmtpSink::start_with(&args).await {
+            Ok(s) => s,
+            Err(reason) => return skip("email over TLS", &reason),
+        };
+        let config = dir.path().join("countersign.toml");
+        let data = dir.path().join("data");
+        let write = |ca_line: &str| {
+            let url = url.replace("{port}", &smtp.port.to_string());
+            std::fs::write(
+                &config,
+                format!(
+                    "[email]\nsmtp_url = \"{url}\"\nfrom = \"countersign <approvals@example.com>\"\nusername = \"approvals\"\n{ca_line}\n"
+                ),
+            )
+            .unwrap();
+        };
+        let send = |to: &'static str| {
+            let mut cmd = common::bare_command();
+            cmd.arg("--config")
+                .arg(&config)
+                .arg("--data-dir")
+                .arg(&data)
+                .args(["send-test-email", "--to", to])
+                .env("COUNTERSIGN_SMTP_PASSWORD", "s3cret-pw");
+            common::output(cmd)
+        };
+
+        // Without the CA: the server's certificate is not trusted, and nothing is sent.
+        write("");
+        let out = send("nobody@example.com").await;
+        assert!(!out.ok(), "{mode}: sent without trusting the CA: {out}");
+        assert!(
+            out.stdout
+                .contains("the server's certificate is not trusted")
+                && out.stdout.contains("[email] ca_file"),
+            "{mode}: {out}"
+        );
+        assert!(smtp.messages().is_empty(), "{mode}: {:?}", smtp.messages());
+
+        // With it: delivered under TLS, authenticated.
+        write(&format!("ca_file = \"{}\"", ca.display()));
+        let out = send("ops@example.com").await;
+        assert!(out.ok(), "{mode}: {out}");
+        let mail = smtp
+            .wait_for(|m| m["subject"] == "countersign test message")
+            .await;
+        assert_eq!(mail["rcpt_tos"], json!(["ops@example.com"]), "{mode}");
+        assert_eq!(mail["tls"], json!(true), "{mode}: {mail}");
+        assert_eq!(mail["login"], json!("approvals"), "{mode}: {mail}");
+    }
+
+    // ca_file on a plain connection is a mistake, said when the config is read.
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("countersign.toml");
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, "not a certificate").unwrap();
+    let check = |text: String| {
+        std::fs::write(&config, text).unwrap();
+        let mut cmd = common::bare_command();
+        cmd.arg("--config")
+            .arg(&config)
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .arg("doctor");
+        common::output(cmd)
+    };
+    let out = check(format!(
+        "[email]\nsmtp_url = \"smtp://127.0.0.1:2525\"\nfrom = \"approvals@example.com\"\nca_file = \"{}\"\n",
+        ca.display()
+    ))
+    .await;
+    assert_eq!(out.code, 2, "{out}");
+    assert!(out.stderr.contains("plain (no TLS)"), "{out}");
+    let out = check(format!(
+        "[email]\nsmtp_url = \"smtps://mail.example.com\"\nfrom = \"approvals@example.com\"\nca_file = \"{}\"\n",
+        ca.display()
+    ))
+    .await;
+    assert_eq!(out.code, 2, "{out}");
+    assert!(out.stderr.contains("no PEM certificate"), "{out}");
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn doctor_and_send_test_email_say_what_is_wrong() {

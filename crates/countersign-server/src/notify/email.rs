@@ -31,6 +31,7 @@ use countersign_core::{ApprovalRequest, AuthMethod, Channel, DecisionInput, Stat
 use countersign_store::{Doc, StoreError};
 use lettre::message::{Mailbox, MultiPart};
 use lettre::transport::smtp::authentication::Credentials;
+use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 use serde::Deserialize;
 use serde_json::{Value, json};
@@ -189,6 +190,9 @@ pub struct EmailConfig {
     pub from: String,
     pub username: Option<String>,
     pub password: Option<String>,
+    /// Certificates (PEM) trusted for the SMTP server besides the Mozilla roots: a
+    /// private CA's, or a self-signed server's (`[email] ca_file`).
+    pub extra_roots: Option<Vec<u8>>,
     /// Email address (lowercase) → countersign dashboard username.
     pub approvers: BTreeMap<String, String>,
     /// Whether emails carry one-time decision tokens (an operator's opt-in).
@@ -206,6 +210,10 @@ impl std::fmt::Debug for EmailConfig {
             .field("from", &self.from)
             .field("username", &self.username)
             .field("password", &self.password.as_ref().map(|_| "***"))
+            .field(
+                "extra_roots",
+                &self.extra_roots.as_ref().map(|pem| pem.len()),
+            )
             .field("approvers", &self.approvers)
             .field("token_decisions", &self.token_decisions)
             .field("token_minutes", &self.token_minutes)
@@ -222,18 +230,49 @@ pub fn check_address(address: &str) -> Result<(), String> {
         .map_err(|e| format!("{address:?} is not an email address: {e}"))
 }
 
+/// Reads `[email] ca_file`: PEM with at least one certificate, which the SMTP server's
+/// certificate may chain to besides the Mozilla roots.
+pub fn load_ca_file(path: &std::path::Path) -> Result<Vec<u8>, String> {
+    let pem = std::fs::read(path)
+        .map_err(|e| format!("[email] ca_file {}: cannot read it: {e}", path.display()))?;
+    let count = pem
+        .windows(b"-----BEGIN CERTIFICATE-----".len())
+        .filter(|w| *w == b"-----BEGIN CERTIFICATE-----")
+        .count();
+    if count == 0 {
+        return Err(format!(
+            "[email] ca_file {}: no PEM certificate in it (-----BEGIN CERTIFICATE-----)",
+            path.display()
+        ));
+    }
+    Certificate::from_pem(&pem).map_err(|e| format!("[email] ca_file {}: {e}", path.display()))?;
+    Ok(pem)
+}
+
 fn transport(
     config: &EmailConfig,
     timeout: Duration,
 ) -> Result<AsyncSmtpTransport<Tokio1Executor>, String> {
     let host = config.smtp.host.as_str();
-    let builder = match config.smtp.security {
+    let setup = |e: lettre::transport::smtp::Error| format!("TLS setup for {host}: {e}");
+    let mut builder = match config.smtp.security {
         Security::Plain => AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host),
-        Security::StartTls => AsyncSmtpTransport::<Tokio1Executor>::starttls_relay(host)
-            .map_err(|e| format!("TLS setup for {host}: {e}"))?,
-        Security::Tls => AsyncSmtpTransport::<Tokio1Executor>::relay(host)
-            .map_err(|e| format!("TLS setup for {host}: {e}"))?,
+        Security::StartTls => {
+            AsyncSmtpTransport::<Tokio1Executor>::starttls_relay(host).map_err(setup)?
+        }
+        Security::Tls => AsyncSmtpTransport::<Tokio1Executor>::relay(host).map_err(setup)?,
     };
+    if let (Some(pem), false) = (&config.extra_roots, config.smtp.security == Security::Plain) {
+        let roots = Certificate::from_pem(pem).map_err(setup)?;
+        let parameters = TlsParameters::builder(host.to_string())
+            .add_root_certificate(roots)
+            .build()
+            .map_err(setup)?;
+        builder = builder.tls(match config.smtp.security {
+            Security::Tls => Tls::Wrapper(parameters),
+            _ => Tls::Required(parameters),
+        });
+    }
     let mut builder = builder.port(config.smtp.port).timeout(Some(timeout));
     if let Some(user) = &config.username {
         builder = builder.credentials(Credentials::new(
@@ -256,7 +295,10 @@ fn words(config: &EmailConfig, err: &lettre::transport::smtp::Error) -> String {
         }
         source = s.source();
     }
-    let hint = if err.is_tls() {
+    let hint = if text.contains("UnknownIssuer") || text.contains("invalid peer certificate") {
+        " (the server's certificate is not trusted: if it comes from a private CA, give that \
+         CA's certificate as [email] ca_file)"
+    } else if err.is_tls() {
         " (TLS failed: is the port right for this URL form, and does the certificate match the host?)"
     } else if err.is_permanent() && text.contains("535") {
         " (the server refused the username or password)"
@@ -878,6 +920,7 @@ mod tests {
             from: "countersign <approvals@example.com>".into(),
             username: None,
             password: None,
+            extra_roots: None,
             approvers: BTreeMap::from([("alice@example.com".into(), "alice".into())]),
             token_decisions: true,
             token_minutes: 30,
