@@ -151,7 +151,9 @@ impl Store for SqliteStore {
 
     async fn get_request(&self, id: &str) -> Result<Option<ApprovalRequest>, StoreError> {
         let id = id.to_string();
-        self.readers.run(move |conn| requests::get(conn, &id)).await
+        self.readers
+            .read_now(move |conn| requests::get(conn, &id))
+            .await
     }
 
     async fn apply(&self, transition: &SealedTransition) -> Result<(), StoreError> {
@@ -189,7 +191,7 @@ impl Store for SqliteStore {
     }
 
     async fn next_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
-        self.readers.run(requests::next_expiry).await
+        self.readers.read_now(requests::next_expiry).await
     }
 
     async fn create_token(
@@ -207,7 +209,7 @@ impl Store for SqliteStore {
     async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError> {
         let hash = hash.to_string();
         self.readers
-            .run(move |conn| tokens::by_hash(conn, &hash))
+            .read_now(move |conn| tokens::by_hash(conn, &hash))
             .await
     }
 
@@ -229,9 +231,14 @@ impl Store for SqliteStore {
     }
 
     async fn events_after(&self, after: u64, limit: usize) -> Result<Vec<StoredEvent>, StoreError> {
-        self.readers
-            .run(move |conn| events::after(conn, after, limit))
-            .await
+        let read = move |conn: &rusqlite::Connection| events::after(conn, after, limit);
+        // The change feed's pages (at most 1,000, usually a few new events) are short
+        // reads; a caller paging through the whole log is not.
+        if limit <= 1000 {
+            self.readers.read_now(read).await
+        } else {
+            self.readers.run(read).await
+        }
     }
 
     async fn events_of_subject(&self, subject: &str) -> Result<Vec<StoredEvent>, StoreError> {
@@ -256,13 +263,17 @@ impl Store for SqliteStore {
     }
 
     async fn last_event_seq(&self) -> Result<u64, StoreError> {
-        self.readers.run(events::last_seq).await
+        self.readers.read_now(events::last_seq).await
     }
 
     async fn log_origin(&self, origin: &str) -> Result<String, StoreError> {
         let proposed = origin.to_string();
         // Read first: once set, the origin never changes, and reads need no write lock.
-        if let Some(existing) = self.readers.run(|conn| log::meta(conn, "origin")).await? {
+        if let Some(existing) = self
+            .readers
+            .read_now(|conn| log::meta(conn, "origin"))
+            .await?
+        {
             return Ok(existing);
         }
         self.writer
@@ -271,7 +282,7 @@ impl Store for SqliteStore {
     }
 
     async fn integrated_size(&self) -> Result<u64, StoreError> {
-        self.readers.run(log::integrated_size).await
+        self.readers.read_now(log::integrated_size).await
     }
 
     async fn integrate(
@@ -288,7 +299,9 @@ impl Store for SqliteStore {
 
     async fn log_nodes(&self, ids: &[NodeId]) -> Result<BTreeMap<NodeId, Hash>, StoreError> {
         let ids = ids.to_vec();
-        self.readers.run(move |conn| log::nodes(conn, &ids)).await
+        self.readers
+            .read_now(move |conn| log::nodes(conn, &ids))
+            .await
     }
 
     async fn add_checkpoint(&self, checkpoint: &StoredCheckpoint) -> Result<(), StoreError> {
@@ -300,7 +313,7 @@ impl Store for SqliteStore {
 
     async fn checkpoint(&self, size: Option<u64>) -> Result<Option<StoredCheckpoint>, StoreError> {
         self.readers
-            .run(move |conn| log::checkpoint(conn, size))
+            .read_now(move |conn| log::checkpoint(conn, size))
             .await
     }
 
@@ -311,14 +324,14 @@ impl Store for SqliteStore {
     async fn doc_get(&self, kind: &str, id: &str) -> Result<Option<Doc>, StoreError> {
         let (kind, id) = (kind.to_string(), id.to_string());
         self.readers
-            .run(move |conn| docs::get(conn, &kind, &id))
+            .read_now(move |conn| docs::get(conn, &kind, &id))
             .await
     }
 
     async fn doc_by_key(&self, kind: &str, key: &str) -> Result<Option<Doc>, StoreError> {
         let (kind, key) = (kind.to_string(), key.to_string());
         self.readers
-            .run(move |conn| docs::by_key(conn, &kind, &key))
+            .read_now(move |conn| docs::by_key(conn, &kind, &key))
             .await
     }
 
