@@ -16,7 +16,8 @@ create`), starts `countersign serve --listen 127.0.0.1:0`, and runs:
 - verify_log: an independent verifier of the transparency log and evidence bundles,
   written from docs/log-format.md (Merkle self-check against RFC 9162 vectors; every entry,
   inclusion and consistency proof and checkpoint of the live log; bundles, full mode and a
-  key rotation on a server of its own; tampered proofs, checkpoints and bundles refused).
+  key rotation on a server of its own; tampered proofs, checkpoints and bundles refused;
+  room and account events made over REST and the CLI, in their documented shapes).
 
 Exit status: 0 when every test passed, 1 when one failed, 2 when the suite could not run.
 The last line is "python: N passed, N failed".
@@ -95,6 +96,7 @@ def main() -> int:
                 ("official MCP client over Streamable HTTP (legacy)", lambda: mcp_clients.test_mcp_http(ctx, results, "legacy")),
                 ("transparency log and evidence bundles (independent verifier)", lambda: log_and_bundles(ctx, results)),
                 ("full-mode bundle, review and key rotation (independent verifier)", lambda: verify_log.test_full_mode_bundle(binary, scratch, results)),
+                ("room and account events (independent verifier)", lambda: verify_log.test_rooms_and_accounts(ctx, results)),
             ]
         )
         results.run("the whole log after every test (independent verifier)", lambda: verify_log.test_whole_log_at_the_end(ctx, results))
