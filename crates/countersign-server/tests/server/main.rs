@@ -11,5 +11,6 @@ mod log;
 mod mcp_http;
 mod protocols;
 mod races;
+mod reminders;
 mod rooms;
 mod ui;

@@ -44,6 +44,19 @@ pub async fn start_with(config: HttpConfig) -> TestServer {
 }
 
 pub async fn start_full(config: HttpConfig, settings: Settings) -> TestServer {
+    start_inner(config, settings, Arc::new(SystemClock)).await
+}
+
+/// A server whose gate reads the time from `clock` (e.g. a `FixedClock` the test moves).
+pub async fn start_clocked(clock: Arc<dyn countersign_core::Clock>) -> TestServer {
+    start_inner(HttpConfig::default(), Settings::default(), clock).await
+}
+
+async fn start_inner(
+    config: HttpConfig,
+    settings: Settings,
+    clock: Arc<dyn countersign_core::Clock>,
+) -> TestServer {
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> =
         Arc::new(SqliteStore::open(&dir.path().join("countersign.db")).unwrap());
@@ -57,7 +70,6 @@ pub async fn start_full(config: HttpConfig, settings: Settings) -> TestServer {
         )
         .unwrap(),
     );
-    let clock: Arc<dyn countersign_core::Clock> = Arc::new(SystemClock);
     let log = Arc::new(
         TransparencyLog::open(
             store.clone(),
