@@ -611,6 +611,111 @@ async fn slack_clicks_decide_only_when_signed_fresh_first_and_from_an_approver()
     assert_eq!(fake.calls("chat.postMessage").len(), 1);
 }
 
+/// A request that asks for reply fields (e.g. a PO number): Approve in Slack opens a
+/// dialog with one input per field; a submission missing one is refused next to it, and
+/// a complete one approves with the fields in the signed proof.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_approve_with_reply_fields_asks_for_them_and_signs_them() {
+    let fake = FakeSlack::start().await;
+    let s = start(&slack_section(&fake)).await;
+    let id = s
+        .server
+        .create_request(
+            &s.agent,
+            &json!({
+                "action_description": "Pay invoice INV-88 to Globex",
+                "action_details": {"amount": "950.00", "currency": "EUR"},
+                "recipient_slack": "C0APPROVE",
+                "requested_fields": ["po_number", "cost_center"],
+            }),
+        )
+        .await;
+    let posted = fake
+        .wait_for("chat.postMessage", |b| b.to_string().contains(&id))
+        .await;
+    assert!(posted.to_string().contains("po_number"), "{posted}");
+
+    let approve = click(
+        &fake,
+        ALICE_SLACK,
+        "countersign_approve",
+        &id,
+        "121.212.aaa",
+    );
+    let (status, body) = interact(&s.server, &approve, Signed::default()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let opened = fake.wait_for("views.open", |_| true).await;
+    assert_eq!(opened["trigger_id"], "121.212.aaa");
+    let view = &opened["view"];
+    assert_eq!(view["callback_id"], "countersign_approve");
+    let blocks: Vec<String> = view["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|b| b["block_id"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(
+        blocks,
+        ["field:po_number", "field:cost_center", "comment"],
+        "{view}"
+    );
+    // The click alone decides nothing.
+    assert_eq!(get_request(&s, &id).await["status"], "pending");
+
+    // Each submission has a trigger id of its own, as Slack sends them.
+    let submission = |trigger: &str, values: Value| {
+        json!({
+            "type": "view_submission",
+            "user": {"id": ALICE_SLACK},
+            "team": {"id": "T0TEST"},
+            "trigger_id": trigger,
+            "view": {
+                "id": "V0FIELDS",
+                "callback_id": "countersign_approve",
+                "private_metadata": view["private_metadata"],
+                "hash": "1700000001.abc",
+                "state": {"values": values},
+            },
+        })
+    };
+    let input = |value: &str| json!({"type": "plain_text_input", "value": value});
+
+    // cost_center left empty: refused next to that input.
+    let partial = submission(
+        "343.434.bbb",
+        json!({
+            "field:po_number": {"value": input("PO-7781")},
+            "field:cost_center": {"value": input("  ")},
+            "comment": {"comment": input("")},
+        }),
+    );
+    let (status, body) = interact(&s.server, &partial, Signed::default()).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(body["response_action"], "errors", "{body}");
+    assert!(body["errors"]["field:cost_center"].is_string(), "{body}");
+    assert_eq!(get_request(&s, &id).await["status"], "pending");
+
+    let complete = submission(
+        "565.656.ccc",
+        json!({
+            "field:po_number": {"value": input("PO-7781")},
+            "field:cost_center": {"value": input("CC-42")},
+            "comment": {"comment": input("Matches the PO")},
+        }),
+    );
+    let (status, body) = interact(&s.server, &complete, Signed::default()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let decided = get_request(&s, &id).await;
+    assert_eq!(decided["status"], "approved", "{decided}");
+    let expected = json!({"po_number": "PO-7781", "cost_center": "CC-42"});
+    assert_eq!(decided["decision"]["fields"], expected);
+    assert_eq!(decided["decision"]["comment"], "Matches the PO");
+    let statement = common::statement(&decided["proof"]);
+    assert_eq!(statement["fields"], expected);
+    assert_eq!(statement["approvers"][0]["id"], "user:alice");
+    assert_eq!(statement["approvers"][0]["channel"], "slack");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slack_reject_asks_for_a_reason_and_other_channels_update_the_message() {
     let fake = FakeSlack::start().await;
