@@ -309,6 +309,14 @@ pub(crate) fn list_open_sql() -> String {
     )
 }
 
+pub(crate) fn list_recent_sql() -> String {
+    format!(
+        "SELECT {COLUMNS} FROM documents
+         WHERE kind = $1
+         ORDER BY updated_at DESC, id DESC LIMIT $2"
+    )
+}
+
 pub(crate) const DELETE: &str = "DELETE FROM documents WHERE kind = $1 AND id = $2";
 pub(crate) const DELETE_RANGE: &str =
     "DELETE FROM documents WHERE kind = $1 AND id >= $2 AND id < $3";

@@ -570,6 +570,18 @@ impl Store for PostgresStore {
         docs::decode_docs(&rows)
     }
 
+    async fn doc_list_recent(&self, kind: &str, limit: usize) -> Result<Vec<Doc>, StoreError> {
+        let limit = to_sql_int(limit);
+        let rows = self
+            .query(
+                "list recent documents",
+                &docs::list_recent_sql(),
+                &[&kind, &limit],
+            )
+            .await?;
+        docs::decode_docs(&rows)
+    }
+
     async fn doc_insert(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<(), StoreError> {
         self.write_doc(DocWrite::new(DocOp::Insert, doc, event)?)
             .await

@@ -105,6 +105,25 @@ pub(crate) fn list(
     rows.into_iter().map(to_doc).collect()
 }
 
+pub(crate) fn list_recent(
+    conn: &Connection,
+    kind: &str,
+    limit: usize,
+) -> Result<Vec<Doc>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(&format!(
+            "SELECT {COLUMNS} FROM documents
+             WHERE kind = ?1
+             ORDER BY updated_at DESC, id DESC LIMIT ?2"
+        ))
+        .map_err(db_err("list recent documents"))?;
+    let rows = stmt
+        .query_map(params![kind, to_sql_int(limit)], decode)
+        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+        .map_err(db_err("list recent documents"))?;
+    rows.into_iter().map(to_doc).collect()
+}
+
 fn duplicate(row: &DocRow) -> StoreError {
     StoreError::Duplicate(match &row.key {
         Some(key) => format!("a {} with id {} or key {key}", row.kind, row.id),

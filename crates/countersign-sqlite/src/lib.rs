@@ -347,6 +347,13 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn doc_list_recent(&self, kind: &str, limit: usize) -> Result<Vec<Doc>, StoreError> {
+        let kind = kind.to_string();
+        self.readers
+            .run(move |conn| docs::list_recent(conn, &kind, limit))
+            .await
+    }
+
     async fn doc_insert(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<(), StoreError> {
         let row = docs::DocRow::of(doc)?;
         let event = event.map(EventRow::of).transpose()?;

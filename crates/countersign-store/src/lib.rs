@@ -218,6 +218,10 @@ pub trait Store: Send + Sync + 'static {
         limit: usize,
     ) -> Result<Vec<Doc>, StoreError>;
 
+    /// The `limit` documents of `kind` updated last, the latest first (ties by id,
+    /// descending).
+    async fn doc_list_recent(&self, kind: &str, limit: usize) -> Result<Vec<Doc>, StoreError>;
+
     /// Inserts `doc` (at whatever version it carries, normally 1) and, when given,
     /// appends `event`, atomically. [`StoreError::Duplicate`] if its id or key is taken.
     async fn doc_insert(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<(), StoreError>;

@@ -77,6 +77,7 @@ macro_rules! store_test_suite {
             concurrent_doc_writes_one_wins,
             doc_writes_append_events_atomically,
             doc_delete_and_delete_prefix,
+            doc_list_recent_is_latest_first,
             meta_set_once_first_writer_wins,
             imports_copy_rows_without_events,
         );
@@ -2081,6 +2082,57 @@ pub async fn doc_writes_append_events_atomically(store: Arc<dyn Store>) {
 
 /// `doc_delete` deletes exactly one id; `doc_delete_prefix` every id with the literal
 /// prefix in that kind, and nothing for an empty prefix.
+/// `doc_list_recent`: the latest updates first, ties by id descending (byte order), only
+/// the kind asked for, at most `limit`; an update moves a document to the front.
+pub async fn doc_list_recent_is_latest_first(store: Arc<dyn Store>) {
+    assert!(
+        store
+            .doc_list_recent("delivery", 10)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    for (id, seconds) in [
+        ("d3", 30),
+        ("d1", 10),
+        ("d4", 40),
+        ("d2", 20),
+        ("U2", 20),
+        ("ü2", 20),
+    ] {
+        store
+            .doc_insert(
+                &doc("delivery", id, 1, None, json!({"id": id}), seconds),
+                None,
+            )
+            .await
+            .unwrap();
+    }
+    store
+        .doc_insert(&doc("other", "x", 1, None, json!(null), 99), None)
+        .await
+        .unwrap();
+    let ids = |docs: Vec<Doc>| docs.into_iter().map(|d| d.id).collect::<Vec<_>>();
+    assert_eq!(
+        ids(store.doc_list_recent("delivery", 10).await.unwrap()),
+        ["d4", "d3", "ü2", "d2", "U2", "d1"]
+    );
+    assert_eq!(
+        ids(store.doc_list_recent("delivery", 2).await.unwrap()),
+        ["d4", "d3"]
+    );
+    // Updating the oldest makes it the latest.
+    let mut d1 = store.doc_get("delivery", "d1").await.unwrap().unwrap();
+    d1.version += 1;
+    d1.updated_at = at(50);
+    store.doc_update(&d1, None).await.unwrap();
+    assert_eq!(
+        ids(store.doc_list_recent("delivery", 3).await.unwrap()),
+        ["d1", "d4", "d3"]
+    );
+    assert_eq!(store.doc_list_recent("delivery", 1).await.unwrap()[0], d1);
+}
+
 pub async fn doc_delete_and_delete_prefix(store: Arc<dyn Store>) {
     let ids = ["u1", "u1/a", "u1/b", "u1/c/d", "u10", "u2/a", "a%b", "ab"];
     for id in ids {

@@ -604,12 +604,15 @@ impl Notifier {
 
 /// Pending and finished deliveries, newest first.
 pub async fn history(store: &Arc<dyn Store>, limit: usize) -> Result<Vec<Delivery>, GateError> {
-    let mut all: Vec<Delivery> = Vec::new();
-    for kind in [PENDING, DONE] {
-        for doc in store.doc_list(kind, "", 100_000).await? {
-            all.push(delivery_of(&doc)?);
-        }
-    }
+    // Every pending one (few, unless a receiver is down) and the latest finished ones:
+    // the history can hold far more finished deliveries than anyone pages through.
+    let pending = store.doc_list(PENDING, "", PENDING_SCAN_LIMIT).await?;
+    let finished = store.doc_list_recent(DONE, limit).await?;
+    let mut all = pending
+        .iter()
+        .chain(&finished)
+        .map(delivery_of)
+        .collect::<Result<Vec<_>, _>>()?;
     all.sort_by(|a, b| b.created_at.cmp(&a.created_at).then(b.id.cmp(&a.id)));
     all.truncate(limit);
     Ok(all)

@@ -179,6 +179,65 @@ async fn list_shows_pending_requests_newest_first() {
     assert!(body["error"]["message"].as_str().unwrap().contains("bogus"));
 }
 
+/// The delivery history shows every pending delivery and the latest finished ones,
+/// newest first, however many older ones the history holds.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delivery_history_shows_the_newest_first() {
+    use countersign_server::notify::{Delivery, DeliveryChannel, DeliveryStatus, history};
+    use countersign_store::Doc;
+
+    let server = start().await;
+    let store = server.gate.store().clone();
+    let t0 = countersign_core::Clock::now(server.gate.clock().as_ref());
+    let delivery = |n: u64, status: DeliveryStatus| Delivery {
+        id: format!("{n:012}.webhook.audit"),
+        seq: n,
+        subject: None,
+        event_type: "request.created".into(),
+        channel: DeliveryChannel::Webhook {
+            name: "audit".into(),
+            url: "https://hooks.example.com/".into(),
+        },
+        message_id: format!("msg_{n}"),
+        attempts: 1,
+        next_at: t0.plus_seconds(n),
+        lease_until: None,
+        last_error: None,
+        status,
+        created_at: t0.plus_seconds(n),
+        finished_at: None,
+        receipt: None,
+        body: None,
+    };
+    let put = |kind: &'static str, d: Delivery| {
+        let store = store.clone();
+        async move {
+            let doc = Doc {
+                kind: kind.into(),
+                id: d.id.clone(),
+                version: 1,
+                key: None,
+                body: serde_json::to_value(&d).unwrap(),
+                updated_at: d.created_at,
+            };
+            store.doc_insert(&doc, None).await.unwrap();
+        }
+    };
+    // 300 finished (ids sort oldest first), and one still pending from early on.
+    for n in 1..=300 {
+        put("delivery.done", delivery(n, DeliveryStatus::Sent)).await;
+    }
+    put("delivery.pending", delivery(0, DeliveryStatus::Pending)).await;
+
+    let shown = history(&store, 5).await.unwrap();
+    let seqs: Vec<u64> = shown.iter().map(|d| d.seq).collect();
+    assert_eq!(seqs, [300, 299, 298, 297, 296]);
+    // With room for all of them, the pending one is there too, last (it is the oldest).
+    let shown = history(&store, 1000).await.unwrap();
+    assert_eq!(shown.len(), 301);
+    assert_eq!(shown.last().unwrap().status, DeliveryStatus::Pending);
+}
+
 /// Finished deliveries, and the records of Slack messages and emails sent, older than
 /// `[notify] history_days` are pruned; newer ones and pending deliveries stay; a history
 /// shorter than a request's longest wait is refused.
