@@ -91,18 +91,12 @@ pub(crate) fn list(
     prefix: &str,
     limit: usize,
 ) -> Result<Vec<Doc>, StoreError> {
-    let mut stmt = conn
-        .prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM documents
-             WHERE kind = ?1 AND substr(id, 1, length(?2)) = ?2
-             ORDER BY id LIMIT ?3"
-        ))
-        .map_err(db_err("list documents"))?;
-    let rows = stmt
-        .query_map(params![kind, prefix, to_sql_int(limit)], decode)
-        .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-        .map_err(db_err("list documents"))?;
-    rows.into_iter().map(to_doc).collect()
+    select(
+        conn,
+        "list documents",
+        "WHERE kind = ?1 AND substr(id, 1, length(?2)) = ?2 ORDER BY id LIMIT ?3",
+        params![kind, prefix, to_sql_int(limit)],
+    )
 }
 
 pub(crate) fn list_recent(
@@ -110,17 +104,28 @@ pub(crate) fn list_recent(
     kind: &str,
     limit: usize,
 ) -> Result<Vec<Doc>, StoreError> {
+    select(
+        conn,
+        "list recent documents",
+        "WHERE kind = ?1 ORDER BY updated_at DESC, id DESC LIMIT ?2",
+        params![kind, to_sql_int(limit)],
+    )
+}
+
+/// The documents `SELECT ... FROM documents <rest>` finds.
+fn select(
+    conn: &Connection,
+    op: &'static str,
+    rest: &str,
+    params: &[&dyn rusqlite::ToSql],
+) -> Result<Vec<Doc>, StoreError> {
     let mut stmt = conn
-        .prepare_cached(&format!(
-            "SELECT {COLUMNS} FROM documents
-             WHERE kind = ?1
-             ORDER BY updated_at DESC, id DESC LIMIT ?2"
-        ))
-        .map_err(db_err("list recent documents"))?;
+        .prepare_cached(&format!("SELECT {COLUMNS} FROM documents {rest}"))
+        .map_err(db_err(op))?;
     let rows = stmt
-        .query_map(params![kind, to_sql_int(limit)], decode)
+        .query_map(params, decode)
         .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
-        .map_err(db_err("list recent documents"))?;
+        .map_err(db_err(op))?;
     rows.into_iter().map(to_doc).collect()
 }
 
