@@ -107,10 +107,6 @@ DATA_MEMBERS = {
     "question_answered": {"room", "ref", "author"},
     "blocker_resolved": {"room", "ref", "author"},
 }
-# Types whose doc row says "committed payload: none".
-NO_PAYLOAD = {"request_timed_out", "request_cancelled", "token_created", "token_revoked", "key_rotated"} | (
-    USER_EVENTS | ROOM_EVENTS
-) - {"presence_set", "message_posted", "question_answered", "blocker_resolved"}
 # Members of the opened payload by type.
 PAYLOAD_MEMBERS = {
     "request_created": {"action", "recipient_email", "recipient_slack"},
@@ -124,6 +120,8 @@ PAYLOAD_MEMBERS = {
     "question_answered": {"text"},
     "blocker_resolved": {"reply"},
 }
+# Types whose doc row says "committed payload: none".
+NO_PAYLOAD = ENTRY_TYPES - set(PAYLOAD_MEMBERS)
 SUBJECTLESS = {"token_created", "token_revoked", "key_rotated"} | USER_EVENTS
 ROOM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 MESSAGE_TYPES = {"note", "question", "progress", "done", "blocker", "approval"}

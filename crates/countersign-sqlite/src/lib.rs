@@ -135,6 +135,10 @@ impl SqliteStore {
     }
 }
 
+/// Pages of at most this many events are read like point reads ([`Readers::read_now`]):
+/// the change feed's pages, which are this size.
+const SHORT_READ_EVENTS: usize = 1000;
+
 #[async_trait]
 impl Store for SqliteStore {
     async fn create_request(&self, transition: &SealedTransition) -> Result<Created, StoreError> {
@@ -232,9 +236,9 @@ impl Store for SqliteStore {
 
     async fn events_after(&self, after: u64, limit: usize) -> Result<Vec<StoredEvent>, StoreError> {
         let read = move |conn: &rusqlite::Connection| events::after(conn, after, limit);
-        // The change feed's pages (at most 1,000, usually a few new events) are short
-        // reads; a caller paging through the whole log is not.
-        if limit <= 1000 {
+        // The change feed's pages (usually a few new events) are short reads; a caller
+        // paging through the whole log is not.
+        if limit <= SHORT_READ_EVENTS {
             self.readers.read_now(read).await
         } else {
             self.readers.run(read).await

@@ -262,16 +262,18 @@ fn transport(
         }
         Security::Tls => AsyncSmtpTransport::<Tokio1Executor>::relay(host).map_err(setup)?,
     };
-    if let (Some(pem), false) = (&config.extra_roots, config.smtp.security == Security::Plain) {
-        let roots = Certificate::from_pem(pem).map_err(setup)?;
+    // A private CA: the same TLS mode, with its certificates trusted besides the roots.
+    let tls: Option<fn(TlsParameters) -> Tls> = match config.smtp.security {
+        Security::Plain => None,
+        Security::StartTls => Some(Tls::Required),
+        Security::Tls => Some(Tls::Wrapper),
+    };
+    if let (Some(pem), Some(tls)) = (&config.extra_roots, tls) {
         let parameters = TlsParameters::builder(host.to_string())
-            .add_root_certificate(roots)
+            .add_root_certificate(Certificate::from_pem(pem).map_err(setup)?)
             .build()
             .map_err(setup)?;
-        builder = builder.tls(match config.smtp.security {
-            Security::Tls => Tls::Wrapper(parameters),
-            _ => Tls::Required(parameters),
-        });
+        builder = builder.tls(tls(parameters));
     }
     let mut builder = builder.port(config.smtp.port).timeout(Some(timeout));
     if let Some(user) = &config.username {
