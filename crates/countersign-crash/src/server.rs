@@ -77,7 +77,10 @@ pub fn notify_config(webhook_url: &str, secret: &str, lease_seconds: u64) -> Not
             secret: secret.into(),
             events: Vec::new(),
         }],
-        lease_seconds,
+        lease_seconds: match lease_seconds {
+            0 => countersign_server::notify::DEFAULT_LEASE_SECONDS,
+            set => set,
+        },
         ..NotifyConfig::default()
     }
 }

@@ -63,8 +63,9 @@ pub struct Requested {
     pub existing: bool,
 }
 
-/// What an operator decides about the gate's behaviour.
-#[derive(Debug, Clone, Default)]
+/// What an operator decides about the gate's behaviour. `Settings::default()` states
+/// each default once; the binary's config starts from it.
+#[derive(Debug, Clone)]
 pub struct Settings {
     pub limits: Limits,
     /// When set, `record_review` is available and records this reviewer.
@@ -73,8 +74,23 @@ pub struct Settings {
     pub raw_payload_export: bool,
     /// Where purged rooms' backups are written.
     pub backup_dir: Option<std::path::PathBuf>,
-    /// How long a dashboard session lasts, in seconds (0: the default, 12 hours).
+    /// How long a dashboard session lasts, in seconds.
     pub session_seconds: u64,
+}
+
+/// How long a dashboard session lasts unless configured otherwise.
+pub const DEFAULT_SESSION_SECONDS: u64 = 12 * 3600;
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            reviewer: None,
+            raw_payload_export: false,
+            backup_dir: None,
+            session_seconds: DEFAULT_SESSION_SECONDS,
+        }
+    }
 }
 
 pub struct Gate {
@@ -99,12 +115,13 @@ impl Gate {
         log: Arc<TransparencyLog>,
         settings: Settings,
     ) -> Result<Self, GateError> {
-        let session_seconds = match settings.session_seconds {
-            0 => 12 * 3600,
-            s => s,
-        };
+        if settings.session_seconds == 0 {
+            return Err(GateError::BadInput(
+                "a dashboard session must last at least a second".into(),
+            ));
+        }
         Ok(Self {
-            accounts: Accounts::new(store.clone(), clock.clone(), session_seconds)?,
+            accounts: Accounts::new(store.clone(), clock.clone(), settings.session_seconds)?,
             store,
             feed,
             keys,

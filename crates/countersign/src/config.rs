@@ -395,11 +395,11 @@ fn notify_config(
     };
     if let Some(n) = notify {
         out.default_routes = parse_routes(n.default_routes)?;
-        out.max_attempts = n.max_attempts.unwrap_or(0);
+        out.max_attempts = n.max_attempts.unwrap_or(out.max_attempts);
         if n.lease_seconds == Some(0) {
             bail!("[notify] lease_seconds must be at least 1");
         }
-        out.lease_seconds = n.lease_seconds.unwrap_or(0);
+        out.lease_seconds = n.lease_seconds.unwrap_or(out.lease_seconds);
         if let Some(days) = n.history_days
             && days < countersign_server::notify::MIN_HISTORY_DAYS
         {
@@ -409,7 +409,7 @@ fn notify_config(
                 countersign_server::notify::MIN_HISTORY_DAYS
             );
         }
-        out.history_days = n.history_days.unwrap_or(0);
+        out.history_days = n.history_days.unwrap_or(out.history_days);
     }
     if let Some(r) = reminders {
         if r.after_minutes == 0 {

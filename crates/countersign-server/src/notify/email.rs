@@ -182,6 +182,11 @@ fn is_loopback(host: &str) -> bool {
             .unwrap_or(false)
 }
 
+/// How long an emailed decision token works unless configured otherwise.
+pub const DEFAULT_TOKEN_MINUTES: u64 = 30;
+/// Whether follow-up emails are sent unless configured otherwise.
+pub const DEFAULT_FOLLOW_UPS: bool = true;
+
 /// How countersign sends email, and who may decide by email.
 #[derive(Clone, PartialEq, Eq)]
 pub struct EmailConfig {

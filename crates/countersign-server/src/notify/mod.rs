@@ -88,8 +88,9 @@ pub struct ReminderConfig {
     pub escalate_to: Vec<Route>,
 }
 
-/// Everything the operator configured about notifications.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+/// Everything the operator configured about notifications. `NotifyConfig::default()`
+/// states each default once; the binary's config starts from it.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NotifyConfig {
     pub webhooks: Vec<WebhookConfig>,
     /// Where requests without a recipient go.
@@ -98,12 +99,12 @@ pub struct NotifyConfig {
     /// How often a failed delivery is retried before it is given up.
     pub max_attempts: u32,
     /// How long a claimed delivery is left to its sender before another process may
-    /// send it again (0: the default, 60 s). A send is cut off after this long (at most
-    /// 10 s), so a live sender never outlasts its lease.
+    /// send it again. A send is cut off after this long (at most 10 s), so a live sender
+    /// never outlasts its lease.
     pub lease_seconds: u64,
-    /// How many days finished deliveries stay in the history before they are deleted
-    /// (0: the default, 30). At least [`MIN_HISTORY_DAYS`]: a request can wait a week,
-    /// and its Slack message is updated using the history's record of the post.
+    /// How many days finished deliveries stay in the history before they are deleted.
+    /// At least [`MIN_HISTORY_DAYS`]: a request can wait a week, and its Slack message
+    /// is updated using the history's record of the post.
     pub history_days: u64,
     /// The Slack app requests are posted as, if configured.
     pub slack: Option<slack::SlackConfig>,
@@ -113,7 +114,41 @@ pub struct NotifyConfig {
     pub public_url: String,
 }
 
+impl Default for NotifyConfig {
+    fn default() -> Self {
+        Self {
+            webhooks: Vec::new(),
+            default_routes: Vec::new(),
+            reminders: None,
+            max_attempts: DEFAULT_MAX_ATTEMPTS,
+            lease_seconds: DEFAULT_LEASE_SECONDS,
+            history_days: DEFAULT_HISTORY_DAYS,
+            slack: None,
+            email: None,
+            public_url: String::new(),
+        }
+    }
+}
+
 impl NotifyConfig {
+    /// Checks the settings that have bounds; the message names the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_attempts == 0 {
+            return Err("[notify] max_attempts must be at least 1".into());
+        }
+        if self.lease_seconds == 0 {
+            return Err("[notify] lease_seconds must be at least 1".into());
+        }
+        if self.history_days < MIN_HISTORY_DAYS {
+            return Err(format!(
+                "[notify] history_days is {}; at least {MIN_HISTORY_DAYS} are needed (a request \
+                 can wait up to 7 days, and its Slack message is updated from the delivery history)",
+                self.history_days
+            ));
+        }
+        Ok(())
+    }
+
     pub fn is_empty(&self) -> bool {
         self.webhooks.is_empty()
             && self.default_routes.is_empty()
@@ -213,13 +248,15 @@ pub(crate) const PENDING: &str = "delivery.pending";
 pub(crate) const DONE: &str = "delivery.done";
 const CURSOR_KIND: &str = "outbox";
 const CURSOR_ID: &str = "cursor";
+/// How many times a delivery is tried before it is given up, unless configured otherwise.
+pub const DEFAULT_MAX_ATTEMPTS: u32 = 12;
 /// How long a claimed delivery is left to its sender before another may take it, unless
 /// configured otherwise.
-const LEASE_SECONDS: u64 = 60;
+pub const DEFAULT_LEASE_SECONDS: u64 = 60;
 /// The longest one send may take.
 const SEND_TIMEOUT_SECONDS: u64 = 10;
 /// How long finished deliveries are kept, unless configured otherwise.
-const HISTORY_DAYS: u64 = 30;
+pub const DEFAULT_HISTORY_DAYS: u64 = 30;
 /// The shortest history allowed: longer than the longest a request may wait (168 h).
 pub const MIN_HISTORY_DAYS: u64 = 8;
 /// How often the history is pruned.
@@ -264,23 +301,8 @@ fn backoff(attempts: u32) -> u64 {
 }
 
 impl Notifier {
-    pub fn new(gate: Arc<Gate>, mut config: NotifyConfig) -> Result<Self, GateError> {
-        if config.max_attempts == 0 {
-            config.max_attempts = 12;
-        }
-        if config.lease_seconds == 0 {
-            config.lease_seconds = LEASE_SECONDS;
-        }
-        if config.history_days == 0 {
-            config.history_days = HISTORY_DAYS;
-        }
-        if config.history_days < MIN_HISTORY_DAYS {
-            return Err(GateError::BadInput(format!(
-                "[notify] history_days is {}; at least {MIN_HISTORY_DAYS} are needed (a request \
-                 can wait up to 7 days, and its Slack message is updated from the history)",
-                config.history_days
-            )));
-        }
+    pub fn new(gate: Arc<Gate>, config: NotifyConfig) -> Result<Self, GateError> {
+        config.validate().map_err(GateError::BadInput)?;
         let http = reqwest::Client::builder()
             .timeout(Duration::from_secs(
                 SEND_TIMEOUT_SECONDS.min(config.lease_seconds),
