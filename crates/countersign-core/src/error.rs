@@ -38,6 +38,11 @@ pub enum CoreError {
     #[error("{0}")]
     Forbidden(String),
 
+    /// A well-formed input that the current state refuses (a room in the trash, a
+    /// question already answered, a username taken); the message says what to do.
+    #[error("{0}")]
+    Refused(String),
+
     /// The approval cannot be used to act (not approved, used, or past its validity).
     #[error("{0}")]
     NotUsable(NotUsable),

@@ -5,6 +5,7 @@
 //! Auditors can use this crate as a library to verify proofs offline: it needs nothing
 //! but the proof, the published keys (JWKS) and, optionally, the action.
 
+pub mod accounts;
 pub mod action;
 pub mod bundle;
 pub mod checkpoint;
@@ -27,7 +28,7 @@ pub use decision::{ActionRecord, Decision, DecisionInput, Verdict};
 pub use error::CoreError;
 pub use event::{Event, EventKind, LogEntry, PayloadOpening, SealedEvent};
 pub use keys::{Jwk, Jwks, Signer};
-pub use principal::{Approver, AuthMethod, Channel, Principal, Role};
+pub use principal::{Approver, AuthMethod, Channel, Decider, Principal, Role};
 pub use proof::{
     AuthorizationType, Envelope, Problem, ProblemCode, Statement, VerifyOptions, VerifyReport,
 };

@@ -164,6 +164,28 @@ impl Principal {
     }
 }
 
+/// A principal allowed to decide. The only way to get one is from a principal whose
+/// role may decide, so a decision path cannot be reached with an agent credential.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Decider(Principal);
+
+impl Decider {
+    pub fn new(principal: Principal) -> Result<Self, crate::CoreError> {
+        if principal.role.may_decide() {
+            Ok(Self(principal))
+        } else {
+            Err(crate::CoreError::Forbidden(format!(
+                "{} holds an agent credential; deciding requires an approver or admin token",
+                principal.id
+            )))
+        }
+    }
+
+    pub fn principal(&self) -> &Principal {
+        &self.0
+    }
+}
+
 /// Who asked, as recorded on the request and in its proof.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Requester {

@@ -11,11 +11,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use countersign_core::{Clock, Principal, Role, SystemClock};
+use countersign_core::{Principal, Role};
 use countersign_server::notify::{Notifier, NotifyConfig, WebhookConfig};
-use countersign_server::{Gate, HttpConfig, KeyRing, Settings, TransparencyLog};
+use countersign_server::{Gate, HttpConfig, Settings};
 use countersign_sqlite::SqliteStore;
-use countersign_store::{ChangeFeed, Store};
+use countersign_store::Store;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -38,33 +38,18 @@ pub fn keys_dir(data_dir: &Path) -> PathBuf {
 pub async fn open(data_dir: &Path) -> anyhow::Result<Arc<Gate>> {
     std::fs::create_dir_all(data_dir)
         .with_context(|| format!("could not create {}", data_dir.display()))?;
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let keys = KeyRing::open_or_create(&keys_dir(data_dir), clock.now())
-        .context("could not load the signing key")?;
     let store: Arc<dyn Store> =
         Arc::new(SqliteStore::open(&db_path(data_dir)).context("could not open the database")?);
-    countersign_server::keyring::publish(&*store, &keys)
+    Gate::builder(store, keys_dir(data_dir))
+        .feed_poll(FEED_POLL)
+        .log_origin(ORIGIN)
+        .settings(Settings {
+            backup_dir: Some(data_dir.join("backups")),
+            ..Settings::default()
+        })
+        .build()
         .await
-        .context("could not publish the signing key")?;
-    let feed = ChangeFeed::start(store.clone(), FEED_POLL)
-        .await
-        .context("could not read the event log")?;
-    let keys = Arc::new(keys);
-    let log = TransparencyLog::open(store.clone(), keys.clone(), clock.clone(), ORIGIN)
-        .await
-        .context("could not open the transparency log")?;
-    let settings = Settings {
-        backup_dir: Some(data_dir.join("backups")),
-        ..Settings::default()
-    };
-    Ok(Arc::new(Gate::new(
-        store,
-        feed,
-        keys,
-        clock,
-        Arc::new(log),
-        settings,
-    )?))
+        .context("could not open the gate")
 }
 
 /// One webhook to the harness's receiver, for every event type. `lease_seconds` is
@@ -126,7 +111,7 @@ pub async fn serve(
     let mut notify = notify_config(webhook_url, secret, lease_seconds);
     notify.public_url = format!("http://{addr}");
     let app = countersign_server::router(gate.clone(), &HttpConfig::default(), shutdown.clone());
-    let app = countersign_server::notify::attach(app, &notify)?;
+    let app = countersign_server::with_channels(app, &notify)?;
     tokio::spawn(gate.clone().run_expiry(shutdown.clone()));
     tokio::spawn(
         gate.log()

@@ -1,10 +1,11 @@
-//! The server's one error type, and its mapping to HTTP status codes and stable codes.
-//! Each boundary (REST, MCP, CLI) maps it once.
+//! The server's one domain error. It knows nothing of web protocols or JSON-RPC: each
+//! boundary (the HTTP adapter's `error` module for REST and the dashboard, `mcp` for
+//! tools, the CLI) maps its [`ErrorKind`] once. A store error means the store; failures of this process
+//! (randomness, an HTTP client, password hashing, encoding) are [`GateError::Internal`].
 
 use countersign_core::CoreError;
 use countersign_core::error::NotUsable;
 use countersign_store::StoreError;
-use http::StatusCode;
 
 #[derive(Debug, thiserror::Error)]
 pub enum GateError {
@@ -18,8 +19,14 @@ pub enum GateError {
     Unauthenticated(String),
     #[error("{0}")]
     BadInput(String),
+    /// Contended or busy: the same call may succeed when retried.
+    #[error("{0}")]
+    Unavailable(String),
     #[error(transparent)]
     Store(StoreError),
+    /// Something in this process failed (not the caller's input, not the store).
+    #[error("{0}")]
+    Internal(String),
 }
 
 impl From<StoreError> for GateError {
@@ -34,43 +41,82 @@ impl From<StoreError> for GateError {
     }
 }
 
-impl GateError {
+/// What kind of failure an error is: the one thing a boundary maps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    InvalidInput,
+    AlreadyDecided,
+    Expired,
+    SelfApproval,
+    Forbidden,
+    NotApproved,
+    AlreadyUsed,
+    ApprovalExpired,
+    IdempotencyMismatch,
+    NotFound,
+    Unauthenticated,
+    Unavailable,
+    Internal,
+}
+
+impl ErrorKind {
     /// A stable, machine-readable code for clients.
-    pub fn code(&self) -> &'static str {
+    pub fn code(self) -> &'static str {
         match self {
-            GateError::Core(CoreError::Invalid { .. }) | GateError::BadInput(_) => "invalid_input",
-            GateError::Core(CoreError::AlreadyDecided { .. }) => "already_decided",
-            GateError::Core(CoreError::Expired { .. }) => "expired",
-            GateError::Core(CoreError::SelfApproval { .. }) => "self_approval",
-            GateError::Core(CoreError::Forbidden(_)) | GateError::Forbidden(_) => "forbidden",
-            GateError::Core(CoreError::NotUsable(NotUsable::NotApproved { .. })) => "not_approved",
-            GateError::Core(CoreError::NotUsable(NotUsable::AlreadyUsed { .. })) => "already_used",
-            GateError::Core(CoreError::NotUsable(NotUsable::ValidityExpired { .. })) => {
-                "approval_expired"
+            ErrorKind::InvalidInput => "invalid_input",
+            ErrorKind::AlreadyDecided => "already_decided",
+            ErrorKind::Expired => "expired",
+            ErrorKind::SelfApproval => "self_approval",
+            ErrorKind::Forbidden => "forbidden",
+            ErrorKind::NotApproved => "not_approved",
+            ErrorKind::AlreadyUsed => "already_used",
+            ErrorKind::ApprovalExpired => "approval_expired",
+            ErrorKind::IdempotencyMismatch => "idempotency_mismatch",
+            ErrorKind::NotFound => "not_found",
+            ErrorKind::Unauthenticated => "unauthenticated",
+            ErrorKind::Unavailable => "unavailable",
+            ErrorKind::Internal => "internal",
+        }
+    }
+}
+
+impl GateError {
+    /// A failure of this process, with what was being done.
+    pub fn internal(what: &str, err: impl std::fmt::Display) -> Self {
+        GateError::Internal(format!("{what}: {err}"))
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            GateError::Core(core) => match core {
+                CoreError::Invalid { .. } | CoreError::Refused(_) => ErrorKind::InvalidInput,
+                CoreError::AlreadyDecided { .. } => ErrorKind::AlreadyDecided,
+                CoreError::Expired { .. } => ErrorKind::Expired,
+                CoreError::SelfApproval { .. } => ErrorKind::SelfApproval,
+                CoreError::Forbidden(_) => ErrorKind::Forbidden,
+                CoreError::NotUsable(NotUsable::NotApproved { .. }) => ErrorKind::NotApproved,
+                CoreError::NotUsable(NotUsable::AlreadyUsed { .. }) => ErrorKind::AlreadyUsed,
+                CoreError::NotUsable(NotUsable::ValidityExpired { .. }) => {
+                    ErrorKind::ApprovalExpired
+                }
+                CoreError::IdempotencyMismatch { .. } => ErrorKind::IdempotencyMismatch,
+            },
+            GateError::BadInput(_) => ErrorKind::InvalidInput,
+            GateError::Forbidden(_) => ErrorKind::Forbidden,
+            GateError::NotFound(_) | GateError::Store(StoreError::NotFound { .. }) => {
+                ErrorKind::NotFound
             }
-            GateError::Core(CoreError::IdempotencyMismatch { .. }) => "idempotency_mismatch",
-            GateError::NotFound(_) | GateError::Store(StoreError::NotFound { .. }) => "not_found",
-            GateError::Unauthenticated(_) => "unauthenticated",
-            GateError::Store(StoreError::Unavailable(_)) => "unavailable",
-            GateError::Store(_) => "internal",
+            GateError::Unauthenticated(_) => ErrorKind::Unauthenticated,
+            GateError::Unavailable(_) | GateError::Store(StoreError::Unavailable(_)) => {
+                ErrorKind::Unavailable
+            }
+            GateError::Store(_) | GateError::Internal(_) => ErrorKind::Internal,
         }
     }
 
-    pub fn status(&self) -> StatusCode {
-        match self.code() {
-            "invalid_input" => StatusCode::BAD_REQUEST,
-            "already_decided"
-            | "expired"
-            | "not_approved"
-            | "already_used"
-            | "approval_expired"
-            | "idempotency_mismatch" => StatusCode::CONFLICT,
-            "self_approval" | "forbidden" => StatusCode::FORBIDDEN,
-            "not_found" => StatusCode::NOT_FOUND,
-            "unauthenticated" => StatusCode::UNAUTHORIZED,
-            "unavailable" => StatusCode::SERVICE_UNAVAILABLE,
-            _ => StatusCode::INTERNAL_SERVER_ERROR,
-        }
+    /// A stable, machine-readable code for clients.
+    pub fn code(&self) -> &'static str {
+        self.kind().code()
     }
 
     /// The message to show a client. Internal details stay in the server's log.
@@ -79,8 +125,36 @@ impl GateError {
             GateError::Store(StoreError::Unavailable(_)) => {
                 "the database is busy or unavailable; retry shortly".to_string()
             }
-            GateError::Store(_) => "internal error; the server's log has the details".to_string(),
+            GateError::Store(_) | GateError::Internal(_) => {
+                "internal error; the server's log has the details".to_string()
+            }
             other => other.to_string(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn internal_details_stay_in_the_log() {
+        let err = GateError::internal("randomness", "no entropy");
+        assert_eq!(err.code(), "internal");
+        assert!(!err.public_message().contains("entropy"));
+        assert_eq!(err.to_string(), "randomness: no entropy");
+        let busy = GateError::Store(StoreError::Unavailable("locked".into()));
+        assert_eq!(busy.code(), "unavailable");
+        assert!(!busy.public_message().contains("locked"));
+        let missing: GateError = StoreError::NotFound {
+            what: "request",
+            id: "req_1".into(),
+        }
+        .into();
+        assert_eq!(missing.code(), "not_found");
+        assert_eq!(missing.to_string(), "request req_1 not found");
+        let refused = GateError::Core(CoreError::Refused("room ops is in the trash".into()));
+        assert_eq!(refused.code(), "invalid_input");
+        assert_eq!(refused.public_message(), "room ops is in the trash");
     }
 }

@@ -16,7 +16,9 @@ use std::sync::{Arc, RwLock};
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use countersign_core::{Jwk, Jwks, Signer, Timestamp};
-use countersign_store::{Store, StoreError};
+use countersign_store::Store;
+
+use crate::error::GateError;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, thiserror::Error)]
@@ -160,9 +162,9 @@ const PUBLISHED: &str = "jwk:";
 
 /// Publishes the active key in the database, so every process and instance sharing it
 /// serves it in the JWKS, even one that was (mis)configured with a key of its own.
-pub async fn publish(store: &dyn Store, keys: &KeyRing) -> Result<(), StoreError> {
+pub async fn publish(store: &dyn Store, keys: &KeyRing) -> Result<(), GateError> {
     let jwk = keys.signer().jwk();
-    let json = serde_json::to_string(&jwk).map_err(|e| StoreError::Backend(e.to_string()))?;
+    let json = serde_json::to_string(&jwk).map_err(|e| GateError::internal("encode a key", e))?;
     store
         .meta_set_once(&format!("{PUBLISHED}{}", jwk.kid), &json)
         .await?;
@@ -171,7 +173,7 @@ pub async fn publish(store: &dyn Store, keys: &KeyRing) -> Result<(), StoreError
 
 /// Every key that ever signed here: this process's keys and every key published in the
 /// database (by other instances, or before a rotation).
-pub async fn published_jwks(store: &dyn Store, keys: &KeyRing) -> Result<Jwks, StoreError> {
+pub async fn published_jwks(store: &dyn Store, keys: &KeyRing) -> Result<Jwks, GateError> {
     let mut jwks = keys.jwks();
     for (_, json) in store.meta_list(PUBLISHED).await? {
         if let Ok(jwk) = serde_json::from_str::<Jwk>(&json)

@@ -407,6 +407,10 @@ pub struct DecisionBody {
     pub comment: Option<String>,
     #[serde(default)]
     pub fields: BTreeMap<String, String>,
+    /// The request's version when the decider looked at it (the dashboard sends it): if
+    /// the request closed since, the answer says what closed it.
+    #[serde(default)]
+    pub expected_version: Option<u64>,
 }
 
 /// `record_outcome`'s input.
@@ -519,6 +523,66 @@ impl From<countersign_core::bundle::BundleReport> for BundleReportView {
             tree_size: r.tree_size,
             events: r.events,
             decisions: r.decisions,
+        }
+    }
+}
+
+/// A request as a person (or the agent that asked) looks at it: the request, its
+/// version, and whether this viewer may decide it now (and if not, why).
+#[derive(Debug, Clone, Serialize)]
+pub struct RequestView {
+    #[serde(flatten)]
+    pub view: ApprovalView,
+    pub version: u64,
+    pub can_decide: bool,
+    pub cannot_decide_reason: Option<String>,
+}
+
+impl RequestView {
+    pub fn new(request: &ApprovalRequest, viewer: &countersign_core::Principal) -> Self {
+        let pending = request.status == Status::Pending;
+        let reason = if !pending {
+            None
+        } else if !viewer.role.may_decide() {
+            Some("An agent credential cannot decide requests.".to_string())
+        } else if request.requested_by.id == viewer.id {
+            Some("You asked for this request, so another approver must decide it.".to_string())
+        } else {
+            None
+        };
+        Self {
+            view: ApprovalView::new(request),
+            version: request.version,
+            can_decide: pending && reason.is_none(),
+            cannot_decide_reason: reason,
+        }
+    }
+}
+
+/// A room, as the REST API and the dashboard list it.
+#[derive(Debug, Clone, Serialize)]
+pub struct RoomView {
+    pub name: String,
+    pub title: String,
+    pub created_at: String,
+    pub created_by: String,
+    pub deleted_at: Option<String>,
+    pub purged_at: Option<String>,
+    /// In listings: what waits for a person there.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub attention: Option<countersign_core::rooms::Attention>,
+}
+
+impl RoomView {
+    pub fn new(room: &countersign_core::rooms::Room) -> Self {
+        Self {
+            name: room.name.clone(),
+            title: room.title.clone(),
+            created_at: room.created_at.to_string(),
+            created_by: room.created_by.clone(),
+            deleted_at: room.deleted_at.map(|t| t.to_string()),
+            purged_at: room.purged_at.map(|t| t.to_string()),
+            attention: None,
         }
     }
 }

@@ -7,6 +7,7 @@
 //! a gap-free, increasing sequence number; the change feed and the transparency log are
 //! built on that order.
 
+mod collection;
 mod error;
 mod feed;
 #[cfg(feature = "testsuite")]
@@ -22,6 +23,7 @@ use countersign_core::{
     TokenRecord,
 };
 
+pub use collection::{CAS_TRIES, Collection, Docs, Step, Stored, kinds};
 pub use error::StoreError;
 pub use feed::{ChangeFeed, Watch};
 

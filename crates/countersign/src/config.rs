@@ -214,7 +214,7 @@ fn secret_with_env(
 
 /// A username an approver mapping points at.
 fn approver_username(what: &str, username: &str) -> anyhow::Result<String> {
-    countersign_server::accounts::validate_username(username)
+    countersign_core::accounts::validate_username(username)
         .map_err(|e| anyhow::anyhow!("{what}: {e}"))
 }
 
@@ -291,9 +291,8 @@ fn email_config(
     section: Option<EmailSection>,
     env: &dyn Fn(&str) -> Option<String>,
 ) -> anyhow::Result<Option<countersign_server::notify::email::EmailConfig>> {
-    use countersign_server::notify::email::{
-        EmailConfig, Security, SmtpUrl, check_address, load_ca_file,
-    };
+    use countersign_server::notify::email::EmailConfig;
+    use countersign_server::notify::smtp::{Security, SmtpUrl, check_address, load_ca_file};
     let Some(e) = section else {
         if env("COUNTERSIGN_SMTP_PASSWORD").is_some() {
             bail!("COUNTERSIGN_SMTP_PASSWORD is set but the config has no [email] section");

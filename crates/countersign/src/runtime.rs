@@ -7,11 +7,11 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use countersign_core::evidence::Reviewer;
-use countersign_core::{Clock, Limits, Principal, Role, SystemClock};
+use countersign_core::{Principal, Role};
 use countersign_postgres::PostgresStore;
-use countersign_server::{Gate, KeyRing, Settings, TransparencyLog};
+use countersign_server::{Gate, Settings};
 use countersign_sqlite::SqliteStore;
-use countersign_store::{ChangeFeed, Store};
+use countersign_store::Store;
 
 use crate::config::{Config, Database};
 
@@ -26,26 +26,8 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
     } else if !dir.is_dir() {
         bail!("the data directory {} is not a directory", dir.display());
     }
-    let clock: Arc<dyn Clock> = Arc::new(SystemClock);
-    let keys = KeyRing::open_or_create(&config.keys_dir(), clock.now())
-        .context("could not load the signing key")?;
     let store = open_store(config).await?;
-    countersign_server::keyring::publish(&*store, &keys)
-        .await
-        .context("could not publish the signing key")?;
-    let feed = ChangeFeed::start(store.clone(), Duration::from_millis(config.feed_poll_ms))
-        .await
-        .context("could not read the event log")?;
-    let keys = Arc::new(keys);
-    let proposed = match &config.log_origin {
-        Some(origin) => origin.clone(),
-        None => default_origin()?,
-    };
-    let log = TransparencyLog::open(store.clone(), keys.clone(), clock.clone(), &proposed)
-        .await
-        .context("could not open the transparency log")?;
     let settings = Settings {
-        limits: Limits::default(),
         reviewer: config.reviewer.as_ref().map(|(id, name)| Reviewer {
             id: id.clone(),
             display_name: name.clone(),
@@ -53,15 +35,18 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
         raw_payload_export: config.raw_payload_export,
         session_seconds: config.session_hours * 3600,
         backup_dir: Some(config.data_dir.join("backups")),
+        ..Settings::default()
     };
-    Ok(Arc::new(Gate::new(
-        store,
-        feed,
-        keys,
-        clock,
-        Arc::new(log),
-        settings,
-    )?))
+    let mut builder = Gate::builder(store, config.keys_dir())
+        .feed_poll(Duration::from_millis(config.feed_poll_ms))
+        .settings(settings);
+    if let Some(origin) = &config.log_origin {
+        builder = builder.log_origin(origin.clone());
+    }
+    builder
+        .build()
+        .await
+        .with_context(|| format!("could not open the data in {}", config.data_dir.display()))
 }
 
 /// Opens (and migrates) the configured database.
@@ -77,14 +62,6 @@ pub async fn open_store(config: &Config) -> anyhow::Result<Arc<dyn Store>> {
                 .with_context(|| format!("could not open {}", config.database.describe()))?,
         ),
     })
-}
-
-/// `countersign/<12 random hex digits>`: unique to this installation, fixed forever once
-/// the log exists.
-fn default_origin() -> anyhow::Result<String> {
-    let mut id = [0u8; 6];
-    getrandom::fill(&mut id).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
-    Ok(format!("countersign/{}", hex::encode(id)))
 }
 
 /// The operating-system user running this process.

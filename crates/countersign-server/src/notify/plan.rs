@@ -1,8 +1,10 @@
 //! Planning: which deliveries an event (or a long wait) calls for.
 
 use countersign_core::{ApprovalRequest, Status, Timestamp};
-use countersign_store::{RequestQuery, StoredEvent};
+use countersign_store::{Docs, RequestQuery, StoredEvent};
 
+use super::email::SentDocs;
+use super::slack::MessageDocs;
 use super::{
     Delivery, DeliveryChannel, DeliveryStatus, NotifyConfig, ReminderConfig, Route, event_type,
     message_id,
@@ -71,7 +73,7 @@ pub async fn plan(
                 "request": request.as_ref().map(ApprovalView::new),
             },
         }))
-        .map_err(|e| GateError::BadInput(e.to_string()))?;
+        .map_err(|e| GateError::internal("encode a webhook body", e))?;
         for webhook in webhooks {
             let mut d = delivery(
                 gate,
@@ -300,25 +302,16 @@ async fn closing_deliveries(
 ) -> Result<Vec<Delivery>, GateError> {
     let mut out = Vec::new();
     let prefix = format!("{}/", request.id);
+    let store = &**gate.store();
     if config.slack.is_some() {
-        for doc in gate
-            .store()
-            .doc_list(super::slack::MESSAGE, &prefix, 1000)
-            .await?
-        {
-            let field = |name: &str| {
-                doc.body
-                    .get(name)
-                    .and_then(|v| v.as_str())
-                    .unwrap_or_default()
-                    .to_string()
-            };
+        for posted in Docs::<MessageDocs>::new(store).list(&prefix, 1000).await? {
+            let m = &posted.body;
             out.push(slack_update(
                 gate,
                 &request.id,
-                &field("delivery_id"),
-                &field("channel"),
-                &field("ts"),
+                &m.delivery_id,
+                &m.channel,
+                &m.ts,
                 kind,
                 now,
             ));
@@ -326,17 +319,11 @@ async fn closing_deliveries(
     }
     if let Some(email) = &config.email {
         if email.follow_ups {
-            for doc in gate
-                .store()
-                .doc_list(super::email::SENT, &prefix, 1000)
-                .await?
-            {
-                if let Some(to) = doc.body.get("to").and_then(|v| v.as_str()) {
-                    out.push(follow_up(gate, request, to, kind, now));
-                }
+            for sent in Docs::<SentDocs>::new(store).list(&prefix, 1000).await? {
+                out.push(follow_up(gate, request, &sent.body.to, kind, now));
             }
         }
-        super::email::forget_tokens(gate, &request.id).await?;
+        crate::links::forget(gate, &request.id).await?;
     }
     Ok(out)
 }

@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use countersign_core::{FixedClock, Timestamp};
-use countersign_server::notify::email::{EmailConfig, SmtpUrl};
+use countersign_server::notify::email::EmailConfig;
+use countersign_server::notify::smtp::SmtpUrl;
 use countersign_server::notify::{Notifier, NotifyConfig, ReminderConfig, Route};
 use serde_json::json;
 

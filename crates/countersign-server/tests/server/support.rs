@@ -2,12 +2,11 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::time::Duration;
 
 use countersign_core::{Principal, Role, SystemClock};
-use countersign_server::{Gate, HttpConfig, KeyRing, Settings, TransparencyLog};
+use countersign_server::{Gate, HttpConfig, Settings};
 use countersign_sqlite::SqliteStore;
-use countersign_store::{ChangeFeed, Store};
+use countersign_store::Store;
 use rmcp::model::{CallToolRequestParams, CallToolResult, ClientRequest, Request, ServerResult};
 use rmcp::service::{PeerRequestOptions, RunningService};
 use rmcp::transport::StreamableHttpClientTransport;
@@ -60,27 +59,13 @@ async fn start_inner(
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> =
         Arc::new(SqliteStore::open(&dir.path().join("countersign.db")).unwrap());
-    let feed = ChangeFeed::start(store.clone(), Duration::from_millis(50))
+    let gate = Gate::builder(store, dir.path().join("keys"))
+        .clock(clock)
+        .log_origin("countersign/test")
+        .settings(settings)
+        .build()
         .await
         .unwrap();
-    let keys = Arc::new(
-        KeyRing::open_or_create(
-            &dir.path().join("keys"),
-            countersign_core::Clock::now(&SystemClock),
-        )
-        .unwrap(),
-    );
-    let log = Arc::new(
-        TransparencyLog::open(
-            store.clone(),
-            keys.clone(),
-            clock.clone(),
-            "countersign/test",
-        )
-        .await
-        .unwrap(),
-    );
-    let gate = Arc::new(Gate::new(store, feed, keys, clock, log, settings).unwrap());
     let setup = Principal::local_user("test-setup", Role::Admin);
     let token = |name: &'static str, role| {
         let gate = gate.clone();

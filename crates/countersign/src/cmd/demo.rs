@@ -7,6 +7,7 @@ use anyhow::bail;
 use clap::Args;
 use countersign_core::{Channel, DecisionInput, NewRequest, Principal, Role, Verdict};
 use countersign_server::Decider;
+use countersign_server::rooms::HumanGate;
 
 use crate::config::Config;
 use crate::runtime;
@@ -183,25 +184,28 @@ pub async fn run(config: &Config, args: &DemoArgs) -> anyhow::Result<ExitCode> {
     // Two rooms with agents in every state and gates of every kind.
     let qa = Principal::from_token("qa-bot", Role::Agent);
     gate.create_token("qa-bot", Role::Agent, &admin).await?;
-    gate.create_room(&deploy, "release-train", Some("Release train 2.14"))
+    gate.rooms()
+        .create(&deploy, "release-train", Some("Release train 2.14"))
         .await?;
-    gate.join_room(&deploy, "release-train").await?;
-    gate.join_room(&qa, "release-train").await?;
-    gate.post_message(
-        &deploy,
-        "release-train",
-        "Built web v2.14.0; canary at 5%.",
-        "progress",
-    )
-    .await?;
-    gate.post_message(
-        &qa,
-        "release-train",
-        "Regression suite green: 1,482 passed, 0 failed.",
-        "done",
-    )
-    .await?;
-    gate.post_message(&deploy, "release-train", "Canary error rate is 0.4% (baseline 0.3%). Promote to 100% now or wait for the EU morning peak?", "question").await?;
+    gate.rooms().join(&deploy, "release-train").await?;
+    gate.rooms().join(&qa, "release-train").await?;
+    gate.rooms()
+        .post_message(
+            &deploy,
+            "release-train",
+            "Built web v2.14.0; canary at 5%.",
+            "progress",
+        )
+        .await?;
+    gate.rooms()
+        .post_message(
+            &qa,
+            "release-train",
+            "Regression suite green: 1,482 passed, 0 failed.",
+            "done",
+        )
+        .await?;
+    gate.rooms().post_message(&deploy, "release-train", "Canary error rate is 0.4% (baseline 0.3%). Promote to 100% now or wait for the EU morning peak?", "question").await?;
     let mut promote = ask(
         "Promote web v2.14.0 from 5% to 100%",
         &[
@@ -216,6 +220,7 @@ pub async fn run(config: &Config, args: &DemoArgs) -> anyhow::Result<ExitCode> {
     gate.request_approval(&deploy, promote).await?;
     let lead = Decider::new(Principal::from_token("ops-lead", Role::Approver))?;
     let asked = gate
+        .rooms()
         .post_message(
             &qa,
             "release-train",
@@ -223,45 +228,53 @@ pub async fn run(config: &Config, args: &DemoArgs) -> anyhow::Result<ExitCode> {
             "question",
         )
         .await?;
-    gate.answer_question(
-        &lead,
-        "release-train",
-        &asked.id,
-        "No, it is quarantined; ship.",
-    )
-    .await?;
-
-    gate.create_room(&finance, "month-end", Some("Month-end close"))
+    gate.rooms()
+        .close(
+            &lead,
+            "release-train",
+            &asked.id,
+            HumanGate::Question,
+            "No, it is quarantined; ship.",
+        )
         .await?;
-    gate.join_room(&finance, "month-end").await?;
-    gate.join_room(&support, "month-end").await?;
-    gate.report_blocker(
-        &finance,
-        "month-end",
-        "The bank portal asks for a new 2FA device; I cannot download the November statements.",
-    )
-    .await?;
+
+    gate.rooms()
+        .create(&finance, "month-end", Some("Month-end close"))
+        .await?;
+    gate.rooms().join(&finance, "month-end").await?;
+    gate.rooms().join(&support, "month-end").await?;
+    gate.rooms()
+        .report_blocker(
+            &finance,
+            "month-end",
+            "The bank portal asks for a new 2FA device; I cannot download the November statements.",
+        )
+        .await?;
     let old = gate
+        .rooms()
         .report_blocker(
             &support,
             "month-end",
             "Refund queue locked by an expired session.",
         )
         .await?;
-    gate.resolve_blocker(
-        &lead,
-        "month-end",
-        &old.id,
-        "Session renewed; the queue is open again.",
-    )
-    .await?;
-    gate.set_presence(
-        &support,
-        "month-end",
-        countersign_core::rooms::Presence::Working,
-        Some("processing 12 refunds".into()),
-    )
-    .await?;
+    gate.rooms()
+        .close(
+            &lead,
+            "month-end",
+            &old.id,
+            HumanGate::Blocker,
+            "Session renewed; the queue is open again.",
+        )
+        .await?;
+    gate.rooms()
+        .set_presence(
+            &support,
+            "month-end",
+            countersign_core::rooms::Presence::Working,
+            Some("processing 12 refunds".into()),
+        )
+        .await?;
     gate.log().integrate().await?;
 
     eprintln!("demo data written to {}", config.data_dir.display());

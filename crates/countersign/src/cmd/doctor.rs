@@ -187,7 +187,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
 
 /// Slack, email and webhooks: each configured channel gets an ok or FAIL line.
 async fn check_channels(config: &Config, r: &mut Report) {
-    use countersign_server::notify::{Route, email, slack};
+    use countersign_server::notify::{Route, slack, smtp};
     let notify = &config.notify;
     let http = match reqwest::Client::builder()
         .timeout(std::time::Duration::from_secs(10))
@@ -230,7 +230,7 @@ async fn check_channels(config: &Config, r: &mut Report) {
     match &notify.email {
         None => r.ok("email: not configured"),
         Some(e) => {
-            match email::test_connection(e).await {
+            match smtp::test_connection(e).await {
                 Ok(()) => r.ok(&format!(
                     "email: connected to {}{}",
                     e.smtp.describe(),

@@ -4,7 +4,7 @@
 use std::process::ExitCode;
 
 use clap::Args;
-use countersign_server::notify::email;
+use countersign_server::notify::{email, smtp};
 
 use crate::config::Config;
 
@@ -26,7 +26,7 @@ pub async fn run(config: &Config, args: &SendTestEmailArgs) -> anyhow::Result<Ex
                 .unwrap_or_else(|| "the config file".into())
         );
     };
-    if let Err(e) = email::check_address(&args.to) {
+    if let Err(e) = smtp::check_address(&args.to) {
         anyhow::bail!("--to: {e}");
     }
     println!(

@@ -70,7 +70,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
     };
     let app = countersign_server::router(gate.clone(), &http, shutdown.clone());
     // Slack's interactivity endpoint and the email decision page need the channels.
-    let app = countersign_server::notify::attach(app, &config.notify)?;
+    let app = countersign_server::with_channels(app, &config.notify)?;
     tokio::spawn(gate.clone().run_expiry(shutdown.clone()));
     tokio::spawn(
         gate.log()

@@ -41,7 +41,7 @@ pub async fn run(config: &Config, command: UserCommand) -> anyhow::Result<ExitCo
                     display_name.as_deref(),
                     role,
                     &runtime::local_admin(),
-                    countersign_server::ui::INVITE_SECONDS,
+                    countersign_server::accounts::INVITE_SECONDS,
                 )
                 .await?;
             println!(

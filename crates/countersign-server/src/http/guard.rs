@@ -7,7 +7,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use http::{StatusCode, header};
 
-use crate::AppState;
+use super::AppState;
 
 /// Allowed hosts: `name` allows that host on any port, `name:port` only that port, and
 /// `*` allows any host (for deployments that check Host in front of countersign).

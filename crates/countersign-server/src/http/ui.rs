@@ -12,76 +12,35 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use axum::Json;
 use axum::extract::{ConnectInfo, FromRequestParts, Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
-use axum::routing::{get, post};
-use axum::{Json, Router};
-use countersign_core::{Channel, DecisionInput, Role, Status};
+use countersign_core::accounts::User;
+use countersign_core::{Decider, Role, Status};
 use countersign_store::RequestQuery;
 use futures_util::Stream;
-use serde::{Deserialize, Serialize};
-use subtle::ConstantTimeEq;
+use serde::Serialize;
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::BroadcastStream;
 
-use crate::AppState;
-use crate::accounts::{SignIn, User};
+use super::AppState;
+use super::auth::{Admin, COOKIE, Dashboard, signed_in};
+use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, error_response};
+use crate::accounts::{INVITE_SECONDS, SignIn};
 use crate::error::GateError;
-use crate::gate::Decider;
-use crate::mcp::parse_decision;
-use crate::rest::{ApiError, ApiJson, ApiPath, ApiQuery};
-use crate::views::{ApprovalView, DecisionBody};
+use crate::views::RequestView;
 
-pub const COOKIE: &str = "cs_session";
-
-const INDEX: &str = include_str!("../assets/index.html");
-const LOGIN: &str = include_str!("../assets/login.html");
-const SETUP: &str = include_str!("../assets/setup.html");
-const APP_JS: &str = include_str!("../assets/app.js");
-const ROOMS_JS: &str = include_str!("../assets/rooms.js");
-const AUTH_JS: &str = include_str!("../assets/auth.js");
-const APP_CSS: &str = include_str!("../assets/app.css");
-const ICON: &str = include_str!("../assets/icon.svg");
-const EMAIL_JS: &str = include_str!("../assets/email.js");
-
-pub fn routes() -> Router<AppState> {
-    Router::new()
-        .route("/", get(index_page))
-        .route("/requests/{id}", get(request_page))
-        .route("/login", get(login_page))
-        .route("/setup", get(setup_page))
-        .route("/invite", get(setup_page))
-        .route("/assets/{file}", get(asset))
-        .route("/ui/login", post(sign_in))
-        .route("/ui/accept", post(accept))
-        .route("/ui/logout", post(sign_out))
-        .route("/ui/logout-all", post(sign_out_everywhere))
-        .route("/ui/events", get(events))
-        .route("/ui/api/me", get(me))
-        .route("/ui/api/requests", get(list_requests))
-        .route("/ui/api/requests/{id}", get(get_request))
-        .route("/ui/api/requests/{id}/decision", post(decide))
-        .route("/ui/api/users", get(list_users))
-        .route("/ui/api/users/invite", post(invite_user))
-        .route("/ui/api/users/{id}/disable", post(disable_user))
-        // Slack and email (crate::notify): Slack's signed interactivity requests, and the
-        // page an emailed one-time decision link opens (its token only ever in POSTs).
-        .route(
-            "/slack/interactivity",
-            post(crate::notify::slack::interactivity),
-        )
-        .route("/email/decide", get(crate::notify::email::decide_page))
-        .route(
-            "/email/api/request",
-            post(crate::notify::email::token_request),
-        )
-        .route(
-            "/email/api/decision",
-            post(crate::notify::email::token_decision),
-        )
-}
+const INDEX: &str = include_str!("../../assets/index.html");
+const LOGIN: &str = include_str!("../../assets/login.html");
+const SETUP: &str = include_str!("../../assets/setup.html");
+const APP_JS: &str = include_str!("../../assets/app.js");
+const ROOMS_JS: &str = include_str!("../../assets/rooms.js");
+const AUTH_JS: &str = include_str!("../../assets/auth.js");
+const APP_CSS: &str = include_str!("../../assets/app.css");
+const ICON: &str = include_str!("../../assets/icon.svg");
+const EMAIL_JS: &str = include_str!("../../assets/email.js");
 
 // ---- pages and assets ---------------------------------------------------------------
 
@@ -89,15 +48,19 @@ fn html(body: &'static str) -> Response {
     ([(header::CONTENT_TYPE, "text/html; charset=utf-8")], body).into_response()
 }
 
-async fn index_page(session: Option<PageSession>) -> Response {
-    match session {
+pub(super) async fn index_page(State(state): State<AppState>, headers: HeaderMap) -> Response {
+    match signed_in(&state, &headers).await.ok() {
         Some(_) => html(INDEX),
         None => Redirect::to("/login").into_response(),
     }
 }
 
-async fn request_page(session: Option<PageSession>, ApiPath(id): ApiPath<String>) -> Response {
-    match session {
+pub(super) async fn request_page(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    ApiPath(id): ApiPath<String>,
+) -> Response {
+    match signed_in(&state, &headers).await.ok() {
         Some(_) => html(INDEX),
         // Signed out (say, from an emailed link): sign in, then come back here.
         None if id
@@ -110,15 +73,15 @@ async fn request_page(session: Option<PageSession>, ApiPath(id): ApiPath<String>
     }
 }
 
-async fn login_page() -> Response {
+pub(super) async fn login_page() -> Response {
     html(LOGIN)
 }
 
-async fn setup_page() -> Response {
+pub(super) async fn setup_page() -> Response {
     html(SETUP)
 }
 
-async fn asset(Path(file): Path<String>) -> Response {
+pub(super) async fn asset(Path(file): Path<String>) -> Response {
     let (body, kind) = match file.as_str() {
         "app.js" => (APP_JS, "text/javascript; charset=utf-8"),
         "rooms.js" => (ROOMS_JS, "text/javascript; charset=utf-8"),
@@ -140,7 +103,7 @@ async fn asset(Path(file): Path<String>) -> Response {
 
 /// Security headers on every dashboard response: a strict CSP (scripts only from this
 /// origin, no inline scripts or styles), no framing, no referrer, no sniffing.
-pub async fn security_headers(
+pub(super) async fn security_headers(
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> Response {
@@ -170,85 +133,6 @@ pub async fn security_headers(
 }
 
 // ---- sessions -----------------------------------------------------------------------
-
-fn session_token(headers: &HeaderMap) -> Option<String> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == COOKIE)
-        .map(|(_, value)| value.to_string())
-}
-
-/// A signed-in account (for the JSON API: 401 without one).
-pub struct ApiSession {
-    pub user: User,
-    pub csrf: String,
-    pub token: String,
-}
-
-impl FromRequestParts<AppState> for ApiSession {
-    type Rejection = ApiError;
-    async fn from_request_parts(
-        parts: &mut http::request::Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        let token = session_token(&parts.headers)
-            .ok_or_else(|| ApiError(GateError::Unauthenticated("sign in first".into())))?;
-        match state.gate.accounts().session(&token).await? {
-            Some((user, session)) => Ok(ApiSession {
-                user,
-                csrf: session.csrf,
-                token,
-            }),
-            None => Err(ApiError(GateError::Unauthenticated(
-                "your session ended; sign in again".into(),
-            ))),
-        }
-    }
-}
-
-/// A signed-in account for a page (absent: the page redirects to sign-in).
-pub struct PageSession;
-
-impl axum::extract::OptionalFromRequestParts<AppState> for PageSession {
-    type Rejection = Infallible;
-    async fn from_request_parts(
-        parts: &mut http::request::Parts,
-        state: &AppState,
-    ) -> Result<Option<Self>, Self::Rejection> {
-        Ok(ApiSession::from_request_parts(parts, state)
-            .await
-            .ok()
-            .map(|_| PageSession))
-    }
-}
-
-/// A signed-in account making a state change: the CSRF token must match.
-pub struct CsrfSession(pub ApiSession);
-
-impl FromRequestParts<AppState> for CsrfSession {
-    type Rejection = ApiError;
-    async fn from_request_parts(
-        parts: &mut http::request::Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        let session = ApiSession::from_request_parts(parts, state).await?;
-        let sent = parts
-            .headers
-            .get("x-csrf-token")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        if !bool::from(sent.as_bytes().ct_eq(session.csrf.as_bytes())) {
-            return Err(ApiError(GateError::Forbidden(
-                "missing or wrong CSRF token: reload the page and try again".into(),
-            )));
-        }
-        Ok(CsrfSession(session))
-    }
-}
 
 fn session_cookie(state: &AppState, token: &str, max_age: u64) -> HeaderValue {
     let secure = if state.public_url.starts_with("https://") {
@@ -284,12 +168,10 @@ impl Throttle {
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct SignInBody {
+input!(SignInBody {
     username: String,
-    password: String,
-}
+    password: String
+});
 
 /// The client's address, when the server was started with connection info.
 pub struct ClientIp(Option<IpAddr>);
@@ -309,17 +191,17 @@ impl<S: Send + Sync> FromRequestParts<S> for ClientIp {
     }
 }
 
-async fn sign_in(
+pub(super) async fn sign_in(
     State(state): State<AppState>,
     ClientIp(ip): ClientIp,
     ApiJson(body): ApiJson<SignInBody>,
 ) -> Result<Response, ApiError> {
     if !state.throttle.allow(ip) {
-        return Ok((
+        return Ok(error_response(
             StatusCode::TOO_MANY_REQUESTS,
-            Json(serde_json::json!({"error": {"code": "rate_limited", "message": "too many sign-in attempts from this address; wait a few minutes"}})),
-        )
-            .into_response());
+            "rate_limited",
+            "too many sign-in attempts from this address; wait a few minutes".into(),
+        ));
     }
     match state
         .gate
@@ -343,19 +225,10 @@ async fn sign_in(
     }
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct AcceptBody {
-    token: String,
-    #[serde(default)]
-    username: Option<String>,
-    #[serde(default)]
-    display_name: Option<String>,
-    password: String,
-}
+input!(AcceptBody { token: String, #[serde(default)] username: Option<String>, #[serde(default)] display_name: Option<String>, password: String });
 
 /// Creates the first admin (setup link) or activates an invited account, then signs in.
-async fn accept(
+pub(super) async fn accept(
     State(state): State<AppState>,
     ApiJson(body): ApiJson<AcceptBody>,
 ) -> Result<Response, ApiError> {
@@ -389,17 +262,17 @@ fn cleared_cookie(state: &AppState) -> Response {
     response
 }
 
-async fn sign_out(
+pub(super) async fn sign_out(
     State(state): State<AppState>,
-    CsrfSession(session): CsrfSession,
+    Dashboard(session): Dashboard,
 ) -> Result<Response, ApiError> {
     state.gate.accounts().sign_out(&session.token).await?;
     Ok(cleared_cookie(&state))
 }
 
-async fn sign_out_everywhere(
+pub(super) async fn sign_out_everywhere(
     State(state): State<AppState>,
-    CsrfSession(session): CsrfSession,
+    Dashboard(session): Dashboard,
 ) -> Result<Response, ApiError> {
     state
         .gate
@@ -410,7 +283,7 @@ async fn sign_out_everywhere(
 }
 
 #[derive(Debug, Serialize)]
-struct UserView {
+pub(super) struct UserView {
     id: String,
     username: String,
     display_name: String,
@@ -432,48 +305,50 @@ impl From<&User> for UserView {
     }
 }
 
-async fn me(session: ApiSession) -> Json<serde_json::Value> {
-    Json(serde_json::json!({"user": UserView::from(&session.user), "csrf_token": session.csrf}))
+/// An account, with what an answer about it carries: the page's CSRF token (`me`) or
+/// the invitation link.
+#[derive(Debug, Serialize)]
+pub(super) struct AccountOut {
+    user: UserView,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    csrf_token: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    link: Option<String>,
 }
 
-fn require_admin(session: &ApiSession) -> Result<(), ApiError> {
-    if session.user.role == Role::Admin {
-        Ok(())
-    } else {
-        Err(ApiError(GateError::Forbidden(
-            "only admins manage accounts".into(),
-        )))
+impl AccountOut {
+    fn new(user: &User) -> Self {
+        Self {
+            user: UserView::from(user),
+            csrf_token: None,
+            link: None,
+        }
     }
 }
 
-async fn list_users(
+pub(super) async fn me(Dashboard(session): Dashboard) -> Json<AccountOut> {
+    Json(AccountOut {
+        csrf_token: Some(session.csrf.clone()),
+        ..AccountOut::new(&session.user)
+    })
+}
+
+pub(super) async fn list_users(
     State(state): State<AppState>,
-    session: ApiSession,
+    _admin: Admin,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    require_admin(&session)?;
     let users = state.gate.accounts().users().await?;
     let views: Vec<UserView> = users.iter().map(UserView::from).collect();
     Ok(Json(serde_json::json!({"users": views})))
 }
 
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct InviteBody {
-    username: String,
-    #[serde(default)]
-    display_name: Option<String>,
-    role: String,
-}
+input!(InviteBody { username: String, #[serde(default)] display_name: Option<String>, role: String });
 
-/// How long an invitation link works.
-pub const INVITE_SECONDS: u64 = 24 * 3600;
-
-async fn invite_user(
+pub(super) async fn invite_user(
     State(state): State<AppState>,
-    CsrfSession(session): CsrfSession,
+    Admin(admin): Admin,
     ApiJson(body): ApiJson<InviteBody>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    require_admin(&session)?;
+) -> Result<Json<AccountOut>, ApiError> {
     let role: Role = body.role.parse().map_err(GateError::BadInput)?;
     let (user, token) = state
         .gate
@@ -482,7 +357,7 @@ async fn invite_user(
             &body.username,
             body.display_name.as_deref(),
             role,
-            &session.user.principal(),
+            &admin.who,
             INVITE_SECONDS,
         )
         .await?;
@@ -492,75 +367,43 @@ async fn invite_user(
         user.username
     );
     Ok(Json(
-        serde_json::json!({"user": UserView::from(&user), "link": link}),
+        AccountOut {
+            link: Some(link),
+            ..AccountOut::new(&user)
+        },
     ))
 }
 
-async fn disable_user(
+pub(super) async fn disable_user(
     State(state): State<AppState>,
-    CsrfSession(session): CsrfSession,
+    Admin(admin): Admin,
     ApiPath(id): ApiPath<String>,
-) -> Result<Json<serde_json::Value>, ApiError> {
-    require_admin(&session)?;
-    if id == session.user.id {
+) -> Result<Json<AccountOut>, ApiError> {
+    if admin.session.as_ref().is_some_and(|s| s.user.id == id) {
         return Err(ApiError(GateError::BadInput(
             "you cannot disable your own account".into(),
         )));
     }
-    let user = state
-        .gate
-        .accounts()
-        .disable(&id, &session.user.principal())
-        .await?;
-    Ok(Json(serde_json::json!({"user": UserView::from(&user)})))
+    let user = state.gate.accounts().disable(&id, &admin.who).await?;
+    Ok(Json(AccountOut::new(&user)))
 }
 
 // ---- requests -------------------------------------------------------------------------
 
-#[derive(Debug, Serialize)]
-struct UiRequest {
-    #[serde(flatten)]
-    view: ApprovalView,
-    version: u64,
-    can_decide: bool,
-    cannot_decide_reason: Option<String>,
-}
+input!(ListParams { view: Option<String>, q: Option<String>, agent: Option<String>, status: Option<String> });
 
-fn ui_request(request: &countersign_core::ApprovalRequest, user: &User) -> UiRequest {
-    let principal = user.principal();
-    let reason = if request.status != Status::Pending {
-        None
-    } else if request.requested_by.id == principal.id {
-        Some("You asked for this request, so another approver must decide it.".to_string())
-    } else {
-        None
-    };
-    UiRequest {
-        view: ApprovalView::new(request),
-        version: request.version,
-        can_decide: request.status == Status::Pending && reason.is_none(),
-        cannot_decide_reason: reason,
-    }
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct ListParams {
-    view: Option<String>,
-    q: Option<String>,
-    agent: Option<String>,
-    status: Option<String>,
-}
-
-async fn list_requests(
+/// The dashboard's lists: what is pending (by default) or the history, filtered by
+/// agent and by text.
+pub(super) async fn list_requests(
     State(state): State<AppState>,
-    session: ApiSession,
+    Dashboard(session): Dashboard,
     ApiQuery(params): ApiQuery<ListParams>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
-    let decider = Decider::new(session.user.principal())?;
+    let viewer = session.user.principal();
+    let decider = Decider::new(viewer.clone())?;
     let history = params.view.as_deref() == Some("history");
     let status = match params.status.as_deref().filter(|s| !s.is_empty()) {
-        Some(s) => Some(s.parse::<Status>().map_err(GateError::from)?),
+        Some(s) => Some(s.parse::<Status>()?),
         None if history => None,
         None => Some(Status::Pending),
     };
@@ -599,69 +442,11 @@ async fn list_requests(
                     .any(|(k, v)| k.to_lowercase().contains(&q) || v.to_lowercase().contains(&q))
         });
     }
-    let views: Vec<UiRequest> = requests
+    let views: Vec<RequestView> = requests
         .iter()
-        .map(|r| ui_request(r, &session.user))
+        .map(|r| RequestView::new(r, &viewer))
         .collect();
     Ok(Json(serde_json::json!({"requests": views})))
-}
-
-async fn get_request(
-    State(state): State<AppState>,
-    session: ApiSession,
-    ApiPath(id): ApiPath<String>,
-) -> Result<Json<UiRequest>, ApiError> {
-    let request = state.gate.get(&session.user.principal(), &id).await?;
-    Ok(Json(ui_request(&request, &session.user)))
-}
-
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-struct UiDecisionBody {
-    decision: String,
-    #[serde(default)]
-    comment: Option<String>,
-    #[serde(default)]
-    fields: std::collections::BTreeMap<String, String>,
-    /// The version the page showed; a request that moved on since is not decided blind.
-    #[serde(default)]
-    expected_version: Option<u64>,
-}
-
-async fn decide(
-    State(state): State<AppState>,
-    CsrfSession(session): CsrfSession,
-    ApiPath(id): ApiPath<String>,
-    ApiJson(body): ApiJson<UiDecisionBody>,
-) -> Result<Json<UiRequest>, ApiError> {
-    let decider = Decider::new(session.user.principal())?;
-    let verdict = parse_decision(&DecisionBody {
-        decision: body.decision,
-        comment: None,
-        fields: Default::default(),
-    })?;
-    if let Some(expected) = body.expected_version {
-        let current = state.gate.get(decider.principal(), &id).await?;
-        if current.version != expected
-            && let Some(err) = current.closed_error(state.gate.clock().now())
-        {
-            return Err(ApiError(err.into()));
-        }
-    }
-    let request = state
-        .gate
-        .decide(
-            &decider,
-            &id,
-            verdict,
-            DecisionInput {
-                comment: body.comment,
-                fields: body.fields,
-            },
-            Channel::Dashboard,
-        )
-        .await?;
-    Ok(Json(ui_request(&request, &session.user)))
 }
 
 // ---- live updates ---------------------------------------------------------------------
@@ -669,9 +454,9 @@ async fn decide(
 /// Every committed change, as `event: change` with `{seq, type, subject}`; the page
 /// reloads what it shows. A reader that falls behind gets a change with no subject and
 /// reloads everything.
-async fn events(
+pub(super) async fn events(
     State(state): State<AppState>,
-    _session: ApiSession,
+    _session: Dashboard,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>> {
     let stream = BroadcastStream::new(state.gate.feed().subscribe()).map(|item| {
         let data = match item {

@@ -12,6 +12,14 @@ use crate::event::{Event, EventKind};
 use crate::principal::Principal;
 use crate::time::Timestamp;
 
+mod history;
+mod room;
+
+pub use history::{
+    Attention, MessageView, is_chatter, message_seqs, messages, next_since, reply_to, seq_of,
+};
+pub use room::{ACTIVITY_EVERY_MS, Member, Room, roster_order};
+
 /// Longest message text, in bytes.
 pub const MAX_TEXT_BYTES: usize = 8 * 1024;
 
@@ -37,6 +45,17 @@ impl MessageType {
             MessageType::Done => "done",
             MessageType::Blocker => "blocker",
             MessageType::Approval => "approval",
+        }
+    }
+
+    /// What posting this says about its author: a question waits, a blocker blocks.
+    pub fn presence(&self) -> Option<Presence> {
+        match self {
+            MessageType::Question => Some(Presence::Waiting),
+            MessageType::Blocker => Some(Presence::Blocked),
+            MessageType::Done => Some(Presence::Done),
+            MessageType::Progress => Some(Presence::Working),
+            MessageType::Note | MessageType::Approval => None,
         }
     }
 
@@ -182,6 +201,36 @@ pub fn room_event(
         data,
         payload,
     }
+}
+
+/// A member's arrival, departure or removal (`member` is its principal id; `by` who did
+/// it).
+pub fn member_event(
+    kind: EventKind,
+    room: &str,
+    by: &Principal,
+    member: &str,
+    at: Timestamp,
+) -> Event {
+    room_event(kind, room, by, at, json!({"member": member}), None)
+}
+
+/// What a member says it is doing, with an optional note (committed, like a message).
+pub fn presence_event(
+    room: &str,
+    by: &Principal,
+    status: Presence,
+    note: Option<&str>,
+    at: Timestamp,
+) -> Event {
+    room_event(
+        EventKind::PresenceSet,
+        room,
+        by,
+        at,
+        json!({"member": by.id, "status": status}),
+        note.map(|n| json!({"note": n})),
+    )
 }
 
 /// A message in a room: its type, author and (committed) text.

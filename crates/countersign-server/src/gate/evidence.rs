@@ -1,0 +1,181 @@
+//! What happens around a decision that is not the decision: verifying proofs, recording
+//! outcomes, reviews and autonomous decisions, exporting and verifying evidence
+//! bundles, and rotating the signing key. Each record is a log event like the rest.
+
+use std::collections::BTreeMap;
+
+use countersign_core::bundle::{BundleReport, Mode};
+use countersign_core::evidence::{
+    DecisionRecordInput, OutcomeStatus, ReviewVerdict, decision_record,
+};
+use countersign_core::proof::{self, VerifyOptions};
+use countersign_core::{
+    Action, ApprovalRequest, Envelope, Event, EventKind, Principal, ProblemCode, Role, VerifyReport,
+};
+
+use super::Gate;
+use crate::error::GateError;
+use crate::ids::{new_id, new_salt};
+
+impl Gate {
+    /// Verifies a proof against the published keys; when it names a request this
+    /// server knows, also reports whether its approval was already used.
+    pub async fn verify_proof(
+        &self,
+        envelope: &Envelope,
+        action: Option<&Action>,
+    ) -> Result<VerifyReport, GateError> {
+        let statement = envelope.unverified_statement();
+        let used = match &statement {
+            Some(s) => self
+                .store
+                .get_request(&s.request_id)
+                .await?
+                .filter(|r| r.action_digest == s.action_digest)
+                .and_then(|r| r.action_record)
+                .map(|a| (a.recorded_at, a.tool)),
+            None => None,
+        };
+        let options = VerifyOptions {
+            now: Some(self.now()),
+            expected_action: action,
+            used,
+        };
+        let mut report = proof::verify(envelope, &self.jwks().await?, &options);
+        if report
+            .reasons
+            .iter()
+            .any(|r| r.code == ProblemCode::UnknownKey)
+        {
+            // Another process may have rotated the key since we loaded it.
+            if self.keys.reload().is_ok() {
+                report = proof::verify(envelope, &self.jwks().await?, &options);
+            }
+        }
+        Ok(report)
+    }
+
+    /// Records what came of the approved action (once, by the requester, after
+    /// `record_action`).
+    pub async fn record_outcome(
+        &self,
+        who: &Principal,
+        id: &str,
+        status: OutcomeStatus,
+        summary: Option<String>,
+        details: BTreeMap<String, String>,
+    ) -> Result<ApprovalRequest, GateError> {
+        self.get(who, id).await?;
+        self.transition(id, |request, now| {
+            Ok(request.record_outcome(
+                status,
+                summary.clone(),
+                details.clone(),
+                who,
+                now,
+                self.limits(),
+            )?)
+        })
+        .await
+    }
+
+    /// Records a review as the operator-configured reviewer. Off unless configured.
+    pub async fn record_review(
+        &self,
+        who: &Principal,
+        id: &str,
+        verdict: ReviewVerdict,
+        notes: Option<String>,
+    ) -> Result<ApprovalRequest, GateError> {
+        let reviewer = self.settings.reviewer.clone().ok_or_else(|| {
+            GateError::Forbidden(
+                "record_review is off on this server (an operator enables it with [review] in the config)".into(),
+            )
+        })?;
+        self.get(who, id).await?;
+        self.transition(id, |request, now| {
+            Ok(
+                request.record_review(
+                    &reviewer,
+                    verdict,
+                    notes.clone(),
+                    who,
+                    now,
+                    self.limits(),
+                )?,
+            )
+        })
+        .await
+    }
+
+    /// Records a decision an agent or system made on its own, under a new subject id;
+    /// returns the id and the entry's log index.
+    pub async fn record_decision(
+        &self,
+        who: &Principal,
+        input: DecisionRecordInput,
+    ) -> Result<(String, u64), GateError> {
+        let now = self.now();
+        if let Some(related) = &input.related_request {
+            self.get(who, related).await?;
+        }
+        let id = new_id("dec", now)?;
+        let event = decision_record(&id, input, who, now, self.limits())?;
+        let seq = self.store.append_event(&event.seal(new_salt()?)).await?;
+        self.feed.poke();
+        Ok((id, seq - 1))
+    }
+
+    /// An evidence bundle for a request (`req_...`) or a recorded decision (`dec_...`).
+    pub async fn evidence(
+        &self,
+        who: &Principal,
+        subject: &str,
+        mode: Mode,
+    ) -> Result<Vec<u8>, GateError> {
+        if mode == Mode::Full && !self.settings.raw_payload_export {
+            return Err(GateError::Forbidden(
+                "raw payload export is off on this server: export a redacted bundle, or an operator sets [evidence] raw_payload_export = true".into(),
+            ));
+        }
+        let decisions = if subject.starts_with("dec_") {
+            let events = self.store.events_of_subject(subject).await?;
+            let first = events
+                .first()
+                .ok_or_else(|| GateError::NotFound(subject.to_string()))?;
+            if who.role == Role::Agent && first.entry.actor.as_deref() != Some(who.id.as_str()) {
+                return Err(GateError::NotFound(subject.to_string()));
+            }
+            Vec::new()
+        } else {
+            self.get(who, subject).await?.proof.into_iter().collect()
+        };
+        self.log.bundle(subject, mode, decisions).await
+    }
+
+    /// Starts signing with a new key (the old one stays published) and logs it.
+    pub async fn rotate_key(&self, actor: &Principal) -> Result<(String, String), GateError> {
+        let (old, new) = self
+            .keys
+            .rotate(self.now())
+            .map_err(|e| GateError::internal("could not rotate the signing key", e))?;
+        crate::keyring::publish(&*self.store, &self.keys).await?;
+        let event = Event::system(
+            EventKind::KeyRotated,
+            self.now(),
+            Some(actor.id.clone()),
+            serde_json::json!({"old_kid": old, "new_kid": new}),
+        );
+        self.store.append_event(&event.seal(new_salt()?)).await?;
+        self.feed.poke();
+        Ok((old, new))
+    }
+
+    /// Verifies a bundle against this server's published keys.
+    pub async fn verify_evidence(&self, zip: &[u8]) -> Result<BundleReport, GateError> {
+        Ok(countersign_core::bundle::verify(
+            zip,
+            Some(&self.jwks().await?),
+        ))
+    }
+}

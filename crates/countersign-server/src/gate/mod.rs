@@ -1,0 +1,430 @@
+//! The gate: the one application service behind every way in (REST, the dashboard,
+//! Slack, email links, MCP over HTTP and stdio, the CLI). It loads state from the store,
+//! lets the domain (`countersign-core`) compute each transition, and applies it with a
+//! compare-and-swap, so the rules live in one place. Accounts and rooms are services it
+//! owns and calls down into; tokens and evidence are in the submodules.
+
+mod builder;
+mod evidence;
+mod tokens;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use countersign_core::{
+    ApprovalRequest, Channel, Clock, CoreError, Decider, DecisionInput, Jwks, Limits, NewRequest,
+    Principal, Role, Status, Timestamp, Transition, Verdict,
+};
+use countersign_store::{CAS_TRIES, ChangeFeed, Created, RequestQuery, Store, StoreError};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::accounts::Accounts;
+use crate::error::GateError;
+use crate::ids::{new_id, new_nonce, new_salt};
+use crate::keyring::KeyRing;
+use crate::log::TransparencyLog;
+use crate::rooms::Rooms;
+
+pub use builder::GateBuilder;
+
+/// How often a waiting call reports progress (MCP asks for at least every 10 s).
+pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+/// The default and the longest time one wait call blocks (REST long poll, MCP
+/// `wait_for_approval`, room waits): a client calls again to keep waiting.
+pub const DEFAULT_WAIT_SECONDS: u64 = 45;
+pub const MAX_WAIT_SECONDS: u64 = 300;
+/// How long a dashboard session lasts unless configured otherwise.
+pub const DEFAULT_SESSION_SECONDS: u64 = 12 * 3600;
+
+/// A wait of `given` seconds (or `default`), refused beyond [`MAX_WAIT_SECONDS`].
+pub fn wait_time(given: Option<u64>, default: u64) -> Result<Duration, GateError> {
+    let seconds = given.unwrap_or(default);
+    if seconds > MAX_WAIT_SECONDS {
+        return Err(GateError::BadInput(format!(
+            "timeout_seconds is {seconds}; at most {MAX_WAIT_SECONDS} is allowed (call again to keep waiting)"
+        )));
+    }
+    Ok(Duration::from_secs(seconds))
+}
+
+/// The outcome of `request_approval`.
+#[derive(Debug, Clone)]
+pub struct Requested {
+    pub request: ApprovalRequest,
+    /// True when an earlier request with the same idempotency key was returned.
+    pub existing: bool,
+}
+
+/// What an operator decides about the gate's behaviour. `Settings::default()` states
+/// each default once; the binary's config starts from it.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub limits: Limits,
+    /// When set, `record_review` is available and records this reviewer.
+    pub reviewer: Option<countersign_core::evidence::Reviewer>,
+    /// Whether evidence bundles may include raw payloads (mode `full`).
+    pub raw_payload_export: bool,
+    /// Where purged rooms' backups are written.
+    pub backup_dir: Option<std::path::PathBuf>,
+    /// How long a dashboard session lasts, in seconds.
+    pub session_seconds: u64,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            limits: Limits::default(),
+            reviewer: None,
+            raw_payload_export: false,
+            backup_dir: None,
+            session_seconds: DEFAULT_SESSION_SECONDS,
+        }
+    }
+}
+
+pub struct Gate {
+    store: Arc<dyn Store>,
+    feed: ChangeFeed,
+    keys: Arc<KeyRing>,
+    clock: Arc<dyn Clock>,
+    log: Arc<TransparencyLog>,
+    accounts: Accounts,
+    rooms: Rooms,
+    settings: Settings,
+    /// Cancelled when the process shuts down: waits return the current state at once.
+    stopping: CancellationToken,
+}
+
+impl Gate {
+    /// Assembles a gate over `store`, signing with the key in `keys_dir` (created on
+    /// first use): the one way the binary, the crash harness and the tests build one.
+    pub fn builder(store: Arc<dyn Store>, keys_dir: impl Into<std::path::PathBuf>) -> GateBuilder {
+        GateBuilder::new(store, keys_dir.into())
+    }
+
+    /// The dashboard's accounts and sessions.
+    pub fn accounts(&self) -> &Accounts {
+        &self.accounts
+    }
+
+    /// Rooms: messages, presence, questions and blockers.
+    pub fn rooms(&self) -> &Rooms {
+        &self.rooms
+    }
+
+    /// Ends every wait in progress (each returns the request's current state, so its
+    /// client can call again elsewhere) and makes new waits return at once.
+    pub fn begin_shutdown(&self) {
+        self.stopping.cancel();
+    }
+
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.store
+    }
+
+    pub fn feed(&self) -> &ChangeFeed {
+        &self.feed
+    }
+
+    pub fn keys(&self) -> &KeyRing {
+        &self.keys
+    }
+
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.clock
+    }
+
+    pub fn now(&self) -> Timestamp {
+        self.clock.now()
+    }
+
+    pub fn log(&self) -> &Arc<TransparencyLog> {
+        &self.log
+    }
+
+    pub fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.settings.limits
+    }
+
+    /// Every key that may have signed here (this process's and every one published in
+    /// the database), as served at `/.well-known/jwks.json`.
+    pub async fn jwks(&self) -> Result<Jwks, GateError> {
+        crate::keyring::published_jwks(&*self.store, &self.keys).await
+    }
+
+    /// Creates a pending request, or returns the earlier one for a retried idempotency key.
+    pub async fn request_approval(
+        &self,
+        who: &Principal,
+        new: NewRequest,
+    ) -> Result<Requested, GateError> {
+        let now = self.now();
+        let transition =
+            ApprovalRequest::create(new_id("req", now)?, new, who, now, self.limits())?;
+        match self
+            .store
+            .create_request(&transition.seal(new_salt()?))
+            .await?
+        {
+            Created::New(request) => {
+                self.feed.poke();
+                if let Some(room) = &request.room {
+                    // Shown in its room too, so the people there see what waits.
+                    self.rooms.post_approval(who, room, &request).await?;
+                }
+                Ok(Requested {
+                    request,
+                    existing: false,
+                })
+            }
+            Created::Existing(request) => {
+                if request.action_digest != transition.request.action_digest {
+                    return Err(CoreError::IdempotencyMismatch {
+                        key: request.idempotency_key.clone().unwrap_or_default(),
+                        request_id: request.id,
+                    }
+                    .into());
+                }
+                Ok(Requested {
+                    request,
+                    existing: true,
+                })
+            }
+        }
+    }
+
+    /// The request as `who` may see it, timed out first if its expiry has passed.
+    /// Agents see only their own requests; to them, others' do not exist.
+    pub async fn get(&self, who: &Principal, id: &str) -> Result<ApprovalRequest, GateError> {
+        let request = self.load(id).await?;
+        if who.role == Role::Agent && request.requested_by.id != who.id {
+            return Err(GateError::NotFound(format!("request {id}")));
+        }
+        self.settle_expiry(request).await
+    }
+
+    async fn load(&self, id: &str) -> Result<ApprovalRequest, GateError> {
+        self.store
+            .get_request(id)
+            .await?
+            .ok_or_else(|| GateError::NotFound(format!("request {id}")))
+    }
+
+    /// Records the timeout of a pending request whose expiry has passed.
+    async fn settle_expiry(&self, request: ApprovalRequest) -> Result<ApprovalRequest, GateError> {
+        let now = self.now();
+        if request.status.is_final() || !request.is_past_expiry(now) {
+            return Ok(request);
+        }
+        let transition = request.time_out(now)?;
+        match self.store.apply(&transition.seal(new_salt()?)).await {
+            Ok(()) => {
+                self.feed.poke();
+                Ok(transition.request)
+            }
+            // Someone else decided or timed it out first; theirs is the truth.
+            Err(StoreError::VersionConflict { current }) => Ok(*current),
+            Err(err) => Err(err.into()),
+        }
+    }
+
+    /// Waits until the request is decided (or times out, or is cancelled), or until
+    /// `timeout` passes, calling `progress` with the time waited every [`PROGRESS_EVERY`].
+    /// Woken by the change feed, not by a timer.
+    pub async fn wait(
+        &self,
+        who: &Principal,
+        id: &str,
+        timeout: Duration,
+        progress: &mut (dyn FnMut(Duration) + Send),
+    ) -> Result<ApprovalRequest, GateError> {
+        // Watch before reading, so a decision committed after the read is always seen.
+        let mut watch = self.feed.watch(id);
+        // The reads are boxed: a parked waiter then holds a pointer instead of room for a
+        // read's state (4 KiB), which matters with thousands of agents waiting at once.
+        let mut current = Box::pin(self.get(who, id)).await?;
+        let start = Instant::now();
+        let deadline = start + timeout;
+        let mut next_progress = start + PROGRESS_EVERY;
+        loop {
+            if current.status.is_final() {
+                return Ok(current);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(current);
+            }
+            let to_expiry = self.now().millis_until(current.expires_at).max(0);
+            let expiry = now + Duration::from_millis(u64::try_from(to_expiry).unwrap_or(0));
+            let wake = deadline.min(expiry).min(next_progress);
+            tokio::select! {
+                _ = watch.changed() => {}
+                _ = self.stopping.cancelled() => return Box::pin(self.get(who, id)).await,
+                _ = tokio::time::sleep_until(wake) => {
+                    if Instant::now() >= next_progress {
+                        progress(start.elapsed());
+                        next_progress += PROGRESS_EVERY;
+                    }
+                }
+            }
+            current = Box::pin(self.get(who, id)).await?;
+        }
+    }
+
+    /// A human decision: the one path every surface (REST, dashboard, Slack, email link,
+    /// MCP operator tools, CLI) decides through. First decision wins: a decider who loses
+    /// a race gets `already_decided` naming who won.
+    pub async fn decide(
+        &self,
+        decider: &Decider,
+        id: &str,
+        verdict: Verdict,
+        input: DecisionInput,
+        channel: Channel,
+    ) -> Result<ApprovalRequest, GateError> {
+        let signer = self.keys.signer();
+        self.transition(id, |request, now| {
+            Ok(request.decide(
+                verdict,
+                input.clone(),
+                decider.principal(),
+                channel,
+                now,
+                new_nonce()?,
+                &signer,
+                self.limits(),
+            )?)
+        })
+        .await
+    }
+
+    /// Decides as [`Gate::decide`], unless the request moved on since the decider saw
+    /// version `expected` and is now closed: then says what closed it instead of a
+    /// generic `already_decided` (a dashboard's stale page).
+    pub async fn decide_seen(
+        &self,
+        decider: &Decider,
+        id: &str,
+        expected: Option<u64>,
+        verdict: Verdict,
+        input: DecisionInput,
+        channel: Channel,
+    ) -> Result<ApprovalRequest, GateError> {
+        if let Some(expected) = expected {
+            let current = self.get(decider.principal(), id).await?;
+            if current.version != expected
+                && let Some(err) = current.closed_error(self.now())
+            {
+                return Err(err.into());
+            }
+        }
+        self.decide(decider, id, verdict, input, channel).await
+    }
+
+    /// Withdraws a pending request (its requester, or an approver).
+    pub async fn cancel(&self, who: &Principal, id: &str) -> Result<ApprovalRequest, GateError> {
+        // Agents may only touch their own requests.
+        self.get(who, id).await?;
+        self.transition(id, |request, now| Ok(request.cancel(who, now)?))
+            .await
+    }
+
+    /// Records that the approved action is being carried out, consuming the approval.
+    pub async fn record_action(
+        &self,
+        who: &Principal,
+        id: &str,
+        tool: String,
+        details: BTreeMap<String, String>,
+    ) -> Result<ApprovalRequest, GateError> {
+        self.get(who, id).await?;
+        self.transition(id, |request, now| {
+            Ok(request.record_action(tool.clone(), details.clone(), who, now, self.limits())?)
+        })
+        .await
+    }
+
+    /// Reads, computes and applies a transition, retrying when the request changed in
+    /// between; when it can no longer apply, the domain's error says why.
+    async fn transition<F>(&self, id: &str, step: F) -> Result<ApprovalRequest, GateError>
+    where
+        F: Fn(&ApprovalRequest, Timestamp) -> Result<Transition, GateError>,
+    {
+        let mut request = self.settle_expiry(self.load(id).await?).await?;
+        for _ in 0..CAS_TRIES {
+            let transition = step(&request, self.now())?;
+            match self.store.apply(&transition.seal(new_salt()?)).await {
+                Ok(()) => {
+                    self.feed.poke();
+                    return Ok(transition.request);
+                }
+                Err(StoreError::VersionConflict { current }) => request = *current,
+                Err(err) => return Err(err.into()),
+            }
+        }
+        // Still contended: evaluate once more so the caller gets the domain's reason.
+        step(&request, self.now())?;
+        Err(GateError::Unavailable(format!(
+            "request {id} kept changing; retry"
+        )))
+    }
+
+    pub async fn list(
+        &self,
+        _decider: &Decider,
+        query: &RequestQuery,
+    ) -> Result<Vec<ApprovalRequest>, GateError> {
+        let mut requests = self.store.list_requests(query).await?;
+        let now = self.now();
+        // Present stale pending requests as what they are, even before the sweeper runs.
+        if query.status == Some(Status::Pending) {
+            requests.retain(|r| !r.is_past_expiry(now));
+        }
+        Ok(requests)
+    }
+
+    /// Times out every pending request whose expiry has passed; returns how many.
+    pub async fn expire_due(&self) -> Result<usize, GateError> {
+        let mut expired = 0;
+        loop {
+            let due = self.store.due_for_expiry(self.now(), 256).await?;
+            let batch = due.len();
+            for request in due {
+                if self.settle_expiry(request).await?.status == Status::TimedOut {
+                    expired += 1;
+                }
+            }
+            if batch < 256 {
+                return Ok(expired);
+            }
+        }
+    }
+
+    /// Runs [`Gate::expire_due`] whenever the next expiry falls due (at least every
+    /// second), until `shutdown`.
+    pub async fn run_expiry(self: Arc<Self>, shutdown: CancellationToken) {
+        loop {
+            let delay = match self.store.next_expiry().await {
+                Ok(Some(at)) => self.now().millis_until(at).clamp(0, 1000),
+                Ok(None) => 1000,
+                Err(err) => {
+                    tracing::warn!(%err, "could not read the next expiry");
+                    1000
+                }
+            };
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(Duration::from_millis(delay.unsigned_abs())) => {}
+            }
+            if let Err(err) = self.expire_due().await {
+                tracing::warn!(%err, "expiry sweep failed; retrying");
+            }
+        }
+    }
+}

@@ -1,0 +1,260 @@
+//! The inbound HTTP surface: every route, in the tables below, and the state handlers
+//! share. One file of handlers per surface: `rest` (`/api/v1`, bearer tokens), `ui`
+//! (the dashboard's pages and its JSON under `/ui/api`, sessions), `rooms` (served on
+//! both), `slack` (Slack's signed clicks), `email_links` (the one-time decision pages),
+//! and MCP at `/mcp` (`crate::mcp`). Authentication (`auth`), the Host/Origin guard
+//! (`guard`) and the error mapping (`error`) are written once for all of them.
+
+/// Declares a JSON body or a query string a handler takes. Unknown fields are refused,
+/// so a typo is a clear 400 rather than a silently ignored setting.
+macro_rules! input {
+    ($(#[$meta:meta])* $name:ident { $($(#[$fmeta:meta])* $field:ident: $ty:ty),* $(,)? }) => {
+        $(#[$meta])*
+        #[derive(Debug, serde::Deserialize)]
+        #[serde(deny_unknown_fields)]
+        pub(super) struct $name { $($(#[$fmeta])* $field: $ty),* }
+    };
+}
+
+pub mod auth;
+mod email_links;
+pub mod error;
+pub mod guard;
+mod rest;
+mod rooms;
+mod server;
+mod slack;
+pub mod ui;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::middleware::{from_fn, from_fn_with_state};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use tokio_util::sync::CancellationToken;
+
+use crate::error::GateError;
+use crate::gate::Gate;
+use crate::mcp::{Identity, McpService};
+use crate::notify::NotifyConfig;
+
+pub use server::serve;
+
+/// How the HTTP server is exposed. `HttpConfig::default()` states each default once;
+/// the binary's config starts from it.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Hosts (and `host:port`s) this server answers to; see [`guard::HostPolicy`].
+    pub allowed_hosts: Vec<String>,
+    /// Whether approvers get the operator tools over MCP.
+    pub operator_tools: bool,
+    /// The largest request body accepted, in bytes.
+    pub max_body_bytes: usize,
+    /// How people reach this server (for links in invitations and emails), e.g.
+    /// `https://approvals.example.com`.
+    pub public_url: String,
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            operator_tools: false,
+            max_body_bytes: 1024 * 1024,
+            public_url: "http://127.0.0.1:8787".into(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub gate: Arc<Gate>,
+    pub hosts: Arc<guard::HostPolicy>,
+    pub public_url: String,
+    pub throttle: Arc<ui::Throttle>,
+}
+
+/// What the inbound channel endpoints (`/slack/interactivity`, `/email/...`) need of
+/// the channels' settings; put on the router by [`with_channels`].
+pub struct Channels {
+    pub config: NotifyConfig,
+    /// For Slack calls made while answering a click (opening a dialog).
+    pub http: reqwest::Client,
+}
+
+/// Makes the configured channels' inbound endpoints work on `router`.
+pub fn with_channels(router: Router, config: &NotifyConfig) -> Result<Router, GateError> {
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .map_err(|e| GateError::internal("HTTP client", e))?;
+    let channels = Arc::new(Channels {
+        config: config.clone(),
+        http,
+    });
+    Ok(router.layer(axum::Extension(channels)))
+}
+
+/// The whole HTTP surface: `/mcp`, `/api/v1`, the dashboard, Slack and email links,
+/// `/healthz`, `/.well-known/jwks.json`.
+pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken) -> Router {
+    let state = AppState {
+        gate: gate.clone(),
+        hosts: Arc::new(guard::HostPolicy::new(&config.allowed_hosts)),
+        public_url: config.public_url.clone(),
+        throttle: Arc::new(ui::Throttle::default()),
+    };
+    // Built once: every stateless request gets a cheap clone.
+    let mcp_service = McpService::new(gate.clone(), Identity::PerRequest, config.operator_tools);
+    // Stateless: every request carries its own credentials and no session lives in
+    // memory, so any instance behind a load balancer can serve any call.
+    let mcp_config = StreamableHttpServerConfig::default()
+        .with_legacy_session_mode(false)
+        .with_cancellation_token(shutdown.child_token())
+        .with_max_request_body_bytes(config.max_body_bytes)
+        // Host and Origin are checked for every route by `guard`.
+        .disable_allowed_hosts();
+    let mcp = StreamableHttpService::new(
+        move || Ok(mcp_service.clone()),
+        Arc::new(NeverSessionManager::default()),
+        mcp_config,
+    );
+    let token_surface = Router::new()
+        .nest("/api/v1", token_routes().merge(both_surfaces()))
+        .nest_service("/mcp", mcp)
+        .layer(from_fn_with_state(state.clone(), auth::require_token));
+    let session_surface = Router::new()
+        .nest("/ui/api", dashboard_routes().merge(both_surfaces()))
+        .merge(session_routes())
+        .route_layer(from_fn_with_state(state.clone(), auth::require_session));
+    let dashboard = page_routes()
+        .merge(session_surface)
+        .layer(from_fn(ui::security_headers));
+    Router::new()
+        .route("/healthz", get(rest::healthz))
+        .route("/.well-known/jwks.json", get(rest::jwks))
+        .merge(token_surface)
+        .merge(dashboard)
+        .fallback(not_found)
+        .layer(DefaultBodyLimit::max(config.max_body_bytes))
+        .layer(from_fn_with_state(
+            state.clone(),
+            guard::check_host_and_origin,
+        ))
+        .with_state(state)
+}
+
+/// The routes both surfaces serve, with one handler each: a request and its decision,
+/// and rooms. Under `/api/v1` (a token: decisions through channel `api`) and `/ui/api`
+/// (a session: channel `dashboard`).
+fn both_surfaces() -> Router<AppState> {
+    Router::new()
+        .route("/requests/{id}", get(rest::get_request))
+        .route("/requests/{id}/decision", post(rest::decide))
+        .route("/rooms", get(rooms::list).post(rooms::create))
+        .route(
+            "/rooms/{room}/messages",
+            get(rooms::messages).post(rooms::post_message),
+        )
+        .route("/rooms/{room}/members", get(rooms::members))
+        .route(
+            "/rooms/{room}/questions/{id}/answer",
+            post(rooms::close::<rooms::AnswerBody>),
+        )
+        .route(
+            "/rooms/{room}/blockers/{id}/resolve",
+            post(rooms::close::<rooms::ResolveBody>),
+        )
+        .route("/rooms/{room}/{action}", post(rooms::admin))
+}
+
+/// The REST API's own routes under `/api/v1`, behind a bearer token.
+fn token_routes() -> Router<AppState> {
+    Router::new()
+        .route(
+            "/requests",
+            post(rest::create_request).get(rest::list_requests),
+        )
+        .route("/requests/{id}/wait", get(rest::wait_request))
+        .route("/requests/{id}/cancel", post(rest::cancel))
+        .route(
+            "/requests/{id}/actions",
+            post(rest::record::<rest::ActionBody>),
+        )
+        .route(
+            "/requests/{id}/outcome",
+            post(rest::record::<rest::OutcomeBody>),
+        )
+        .route(
+            "/requests/{id}/review",
+            post(rest::record::<rest::ReviewBody>),
+        )
+        .route("/proofs/verify", post(rest::verify_proof))
+        .route("/tokens", get(rest::list_tokens).post(rest::create_token))
+        .route("/tokens/{id}/revoke", post(rest::revoke_token))
+        .route("/decisions", post(rest::record_decision))
+        .route("/evidence/{subject}", get(rest::get_evidence))
+        .route("/evidence/verify", post(rest::verify_evidence))
+        .route("/deliveries", get(rest::deliveries))
+        .route("/log/checkpoint", get(rest::log_checkpoint))
+        .route("/log/key", get(rest::log_key))
+        .route("/log/entries/{index}", get(rest::log_entry))
+        .route("/log/proof/inclusion", get(rest::inclusion_proof))
+        .route("/log/proof/consistency", get(rest::consistency_proof))
+}
+
+/// The dashboard's own JSON under `/ui/api`, behind a session.
+fn dashboard_routes() -> Router<AppState> {
+    Router::new()
+        .route("/me", get(ui::me))
+        .route("/requests", get(ui::list_requests))
+        .route("/users", get(ui::list_users))
+        .route("/users/invite", post(ui::invite_user))
+        .route("/users/{id}/disable", post(ui::disable_user))
+}
+
+/// Outside `/ui/api`, behind a session: signing out and the live updates.
+fn session_routes() -> Router<AppState> {
+    Router::new()
+        .route("/ui/logout", post(ui::sign_out))
+        .route("/ui/logout-all", post(ui::sign_out_everywhere))
+        .route("/ui/events", get(ui::events))
+}
+
+/// What a browser opens without a session: the dashboard's pages (which send a
+/// signed-out visitor to sign in), its assets, signing in, accepting an invitation;
+/// Slack's signed clicks; and the pages of emailed decision links (their token only
+/// ever in POST bodies).
+fn page_routes() -> Router<AppState> {
+    Router::new()
+        .route("/", get(ui::index_page))
+        .route("/requests/{id}", get(ui::request_page))
+        .route("/login", get(ui::login_page))
+        .route("/setup", get(ui::setup_page))
+        .route("/invite", get(ui::setup_page))
+        .route("/assets/{file}", get(ui::asset))
+        .route("/ui/login", post(ui::sign_in))
+        .route("/ui/accept", post(ui::accept))
+        .route("/slack/interactivity", post(slack::interactivity))
+        .route("/email/decide", get(email_links::decide_page))
+        .route("/email/api/request", post(email_links::token_request))
+        .route("/email/api/decision", post(email_links::token_decision))
+}
+
+async fn not_found(uri: http::Uri) -> Response {
+    error::error_response(
+        http::StatusCode::NOT_FOUND,
+        "not_found",
+        format!("no route for {}", uri.path()),
+    )
+}
+
+/// The JSON of a response, for handlers that answer with a status of their own.
+pub(crate) fn created<T: serde::Serialize>(body: T) -> Response {
+    (http::StatusCode::CREATED, axum::Json(body)).into_response()
+}

@@ -1,0 +1,442 @@
+//! The REST API's handlers: `/api/v1` (bearer tokens), plus `/healthz` and the JWKS.
+//! `get_request` and `decide` also serve the dashboard under `/ui/api` (see the route
+//! tables in `http/mod.rs`).
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use std::collections::BTreeMap;
+
+use countersign_core::{
+    ApprovalRequest, DecisionInput, Role, Status, TokenRecord, Verdict,
+};
+use countersign_store::RequestQuery;
+use serde::Serialize;
+
+use super::AppState;
+use super::auth::{Admin, Approver, Caller};
+use super::error::{ApiError, ApiJson, ApiPath, ApiQuery};
+use crate::error::GateError;
+use crate::gate::{DEFAULT_WAIT_SECONDS, wait_time};
+use crate::views::{
+    ApprovalView, DecisionBody, RequestApprovalInput, RequestApprovalOutput, RequestView,
+    VerifyOutput, VerifyProofInput,
+};
+
+pub(super) async fn healthz(State(state): State<AppState>) -> Response {
+    match state.gate.store().check().await {
+        Ok(()) => Json(serde_json::json!({
+            "status": "ok",
+            "version": env!("CARGO_PKG_VERSION"),
+            "kid": state.gate.keys().signer().kid(),
+        }))
+        .into_response(),
+        Err(err) => {
+            tracing::warn!(%err, "health check failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                Json(serde_json::json!({"status": "unavailable", "error": err.to_string()})),
+            )
+                .into_response()
+        }
+    }
+}
+
+pub(super) async fn jwks(State(state): State<AppState>) -> Result<Response, ApiError> {
+    // Another process may have rotated the key; the JWKS must include it.
+    let _ = state.gate.keys().reload();
+    Ok((
+        [(http::header::CACHE_CONTROL, "public, max-age=300")],
+        Json(state.gate.jwks().await?),
+    )
+        .into_response())
+}
+
+pub(super) async fn create_request(
+    Caller { gate, who, .. }: Caller,
+    ApiJson(input): ApiJson<RequestApprovalInput>,
+) -> Result<Response, ApiError> {
+    let requested = gate.request_approval(&who, input.into()).await?;
+    let status = if requested.existing {
+        StatusCode::OK
+    } else {
+        StatusCode::CREATED
+    };
+    Ok((
+        status,
+        Json(RequestApprovalOutput::new(
+            &requested.request,
+            requested.existing,
+        )),
+    )
+        .into_response())
+}
+
+input!(ListParams { status: Option<String>, requested_by: Option<String>, limit: Option<usize> });
+
+#[derive(Debug, Serialize)]
+pub(super) struct RequestList {
+    requests: Vec<ApprovalView>,
+}
+
+pub(super) async fn list_requests(
+    Approver { gate, decider, .. }: Approver,
+    ApiQuery(params): ApiQuery<ListParams>,
+) -> Result<Json<RequestList>, ApiError> {
+    let status = params
+        .status
+        .as_deref()
+        .map(str::parse::<Status>)
+        .transpose()?;
+    let query = RequestQuery {
+        status,
+        requested_by: params.requested_by,
+        limit: params.limit.unwrap_or(100).clamp(1, 1000),
+    };
+    let requests = gate.list(&decider, &query).await?;
+    Ok(Json(RequestList {
+        requests: requests.iter().map(ApprovalView::new).collect(),
+    }))
+}
+
+pub(super) async fn get_request(
+    Caller { gate, who, .. }: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<RequestView>, ApiError> {
+    let request = gate.get(&who, &id).await?;
+    Ok(Json(RequestView::new(&request, &who)))
+}
+
+input!(WaitParams { timeout_seconds: Option<u64> });
+
+/// Long poll: returns as soon as the request is decided, or after `timeout_seconds`.
+pub(super) async fn wait_request(
+    Caller { gate, who, .. }: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiQuery(params): ApiQuery<WaitParams>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    let timeout = wait_time(params.timeout_seconds, DEFAULT_WAIT_SECONDS)?;
+    let request = gate.wait(&who, &id, timeout, &mut |_| {}).await?;
+    Ok(Json(ApprovalView::new(&request)))
+}
+
+/// A person decides: with an approver or admin token (channel `api`), or signed in to
+/// the dashboard (channel `dashboard`). `expected_version`, when given, is the version
+/// the decider saw: a request closed since is reported as what closed it.
+pub(super) async fn decide(
+    Approver {
+        gate,
+        decider,
+        channel,
+    }: Approver,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<DecisionBody>,
+) -> Result<Json<RequestView>, ApiError> {
+    let verdict: Verdict = body.decision.parse()?;
+    let input = DecisionInput {
+        comment: body.comment,
+        fields: body.fields,
+    };
+    let request = gate
+        .decide_seen(
+            &decider,
+            &id,
+            body.expected_version,
+            verdict,
+            input,
+            channel,
+        )
+        .await?;
+    Ok(Json(RequestView::new(&request, decider.principal())))
+}
+
+pub(super) async fn cancel(
+    Caller { gate, who, .. }: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    let request = gate.cancel(&who, &id).await?;
+    Ok(Json(ApprovalView::new(&request)))
+}
+
+pub(super) async fn verify_proof(
+    Caller { gate, .. }: Caller,
+    ApiJson(input): ApiJson<VerifyProofInput>,
+) -> Result<Json<VerifyOutput>, ApiError> {
+    let action = input.action()?;
+    let report = gate
+        .verify_proof(&input.proof.into(), action.as_ref())
+        .await?;
+    Ok(Json(report.into()))
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct TokenView {
+    id: String,
+    name: String,
+    role: Role,
+    created_at: String,
+    revoked_at: Option<String>,
+}
+
+impl From<&TokenRecord> for TokenView {
+    fn from(t: &TokenRecord) -> Self {
+        Self {
+            id: t.id.clone(),
+            name: t.name.clone(),
+            role: t.role,
+            created_at: t.created_at.to_string(),
+            revoked_at: t.revoked_at.map(|r| r.to_string()),
+        }
+    }
+}
+
+pub(super) async fn list_tokens(
+    Admin(Caller { gate, .. }): Admin,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let tokens = gate.list_tokens().await?;
+    let views: Vec<TokenView> = tokens.iter().map(TokenView::from).collect();
+    Ok(Json(serde_json::json!({ "tokens": views })))
+}
+
+input!(CreateTokenBody {
+    name: String,
+    role: String
+});
+
+pub(super) async fn create_token(
+    Admin(admin): Admin,
+    ApiJson(body): ApiJson<CreateTokenBody>,
+) -> Result<Response, ApiError> {
+    let role: Role = body.role.parse().map_err(GateError::BadInput)?;
+    let (record, secret) = admin
+        .gate
+        .create_token(&body.name, role, &admin.who)
+        .await?;
+    let mut view = serde_json::to_value(TokenView::from(&record))
+        .map_err(|e| GateError::internal("encode a token", e))?;
+    view["token"] = serde_json::Value::String(secret);
+    Ok(super::created(view))
+}
+
+pub(super) async fn revoke_token(
+    Admin(admin): Admin,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<TokenView>, ApiError> {
+    let record = admin.gate.revoke_token(&id, &admin.who).await?;
+    Ok(Json(TokenView::from(&record)))
+}
+
+input!(ActionBody { tool: String, #[serde(default)] details: BTreeMap<String, String> });
+input!(OutcomeBody { status: String, #[serde(default)] summary: Option<String>, #[serde(default)] details: BTreeMap<String, String> });
+input!(ReviewBody { verdict: String, #[serde(default)] notes: Option<String> });
+
+/// What the requester (or, for a review, the configured reviewer) records about a
+/// request after its decision: the action taken, its outcome, a review.
+pub(super) trait Record: serde::de::DeserializeOwned + Send {
+    fn record(
+        self,
+        call: &Caller,
+        id: &str,
+    ) -> impl Future<Output = Result<ApprovalRequest, GateError>> + Send;
+}
+
+impl Record for ActionBody {
+    async fn record(self, call: &Caller, id: &str) -> Result<ApprovalRequest, GateError> {
+        let (tool, details) = (self.tool, self.details);
+        call.gate.record_action(&call.who, id, tool, details).await
+    }
+}
+
+impl Record for OutcomeBody {
+    async fn record(self, call: &Caller, id: &str) -> Result<ApprovalRequest, GateError> {
+        let (status, summary) = (self.status.parse()?, self.summary);
+        let gate = &call.gate;
+        gate.record_outcome(&call.who, id, status, summary, self.details)
+            .await
+    }
+}
+
+impl Record for ReviewBody {
+    async fn record(self, call: &Caller, id: &str) -> Result<ApprovalRequest, GateError> {
+        let verdict = self.verdict.parse()?;
+        call.gate
+            .record_review(&call.who, id, verdict, self.notes)
+            .await
+    }
+}
+
+/// `POST /requests/{id}/actions`, `/outcome` and `/review`.
+pub(super) async fn record<B: Record>(
+    call: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<B>,
+) -> Result<Json<ApprovalView>, ApiError> {
+    let request = body.record(&call, &id).await?;
+    Ok(Json(ApprovalView::new(&request)))
+}
+
+pub(super) async fn record_decision(
+    Caller { gate, who, .. }: Caller,
+    ApiJson(input): ApiJson<crate::views::RecordDecisionInput>,
+) -> Result<Response, ApiError> {
+    let (record_id, log_index) = gate.record_decision(&who, input.into()).await?;
+    Ok(super::created(
+        serde_json::json!({"record_id": record_id, "log_index": log_index}),
+    ))
+}
+
+input!(EvidenceParams { mode: Option<String> });
+
+pub(super) async fn get_evidence(
+    Caller { gate, who, .. }: Caller,
+    ApiPath(subject): ApiPath<String>,
+    ApiQuery(params): ApiQuery<EvidenceParams>,
+) -> Result<Response, ApiError> {
+    let mode = crate::views::parse_mode(params.mode.as_deref())?;
+    let zip = gate.evidence(&who, &subject, mode).await?;
+    let disposition = format!("attachment; filename=\"{subject}.evidence.zip\"");
+    Ok((
+        [
+            (http::header::CONTENT_TYPE, "application/zip".to_string()),
+            (http::header::CONTENT_DISPOSITION, disposition),
+        ],
+        zip,
+    )
+        .into_response())
+}
+
+pub(super) async fn verify_evidence(
+    Caller { gate, .. }: Caller,
+    body: axum::body::Bytes,
+) -> Json<crate::views::BundleReportView> {
+    Json(match gate.verify_evidence(&body).await {
+        Ok(report) => report.into(),
+        Err(err) => {
+            tracing::error!(%err, "could not read the published keys");
+            crate::views::BundleReportView {
+                valid: false,
+                reasons: vec![format!(
+                    "the server could not read its keys: {}",
+                    err.public_message()
+                )],
+                subject: None,
+                mode: None,
+                log_origin: None,
+                tree_size: None,
+                events: Vec::new(),
+                decisions: 0,
+            }
+        }
+    })
+}
+
+input!(CheckpointParams { size: Option<u64> });
+
+/// The signed checkpoint as a C2SP note (text/plain).
+pub(super) async fn log_checkpoint(
+    Caller { gate, .. }: Caller,
+    ApiQuery(params): ApiQuery<CheckpointParams>,
+) -> Result<Response, ApiError> {
+    let checkpoint = gate.log().checkpoint(params.size).await?;
+    Ok((
+        [(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        checkpoint.note,
+    )
+        .into_response())
+}
+
+pub(super) async fn log_key(
+    Caller { gate, .. }: Caller,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let origin = gate.log().origin().to_string();
+    let keys: Vec<serde_json::Value> = gate
+        .jwks()
+        .await?
+        .keys
+        .iter()
+        .map(|jwk| {
+            serde_json::json!({
+                "kid": jwk.kid,
+                "verifier_key": countersign_core::checkpoint::verifier_key(&origin, jwk),
+            })
+        })
+        .collect();
+    Ok(Json(serde_json::json!({"origin": origin, "keys": keys})))
+}
+
+pub(super) async fn log_entry(
+    Caller { gate, .. }: Caller,
+    ApiPath(index): ApiPath<u64>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    use base64::Engine;
+    let event = gate.log().entry(index).await?;
+    let leaf = countersign_core::merkle::leaf_hash(&event.bytes);
+    let engine = base64::engine::general_purpose::STANDARD;
+    Ok(Json(serde_json::json!({
+        "index": index,
+        "leaf_hash": engine.encode(leaf),
+        "entry_base64": engine.encode(&event.bytes),
+        "entry": event.entry,
+    })))
+}
+
+input!(InclusionParams { index: u64, tree_size: Option<u64> });
+
+pub(super) async fn inclusion_proof(
+    Caller { gate, .. }: Caller,
+    ApiQuery(params): ApiQuery<InclusionParams>,
+) -> Result<Json<countersign_core::bundle::InclusionProof>, ApiError> {
+    Ok(Json(
+        gate.log().inclusion(params.index, params.tree_size).await?,
+    ))
+}
+
+input!(ConsistencyParams {
+    first: u64,
+    second: u64
+});
+
+pub(super) async fn consistency_proof(
+    Caller { gate, .. }: Caller,
+    ApiQuery(params): ApiQuery<ConsistencyParams>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    use base64::Engine;
+    let path = gate.log().consistency(params.first, params.second).await?;
+    let engine = base64::engine::general_purpose::STANDARD;
+    Ok(Json(serde_json::json!({
+        "first": params.first,
+        "second": params.second,
+        "path": path.iter().map(|h| engine.encode(h)).collect::<Vec<_>>(),
+    })))
+}
+
+input!(DeliveryParams { limit: Option<usize> });
+
+/// Notification deliveries (webhooks, Slack, email), newest first: admins only.
+pub(super) async fn deliveries(
+    Admin(Caller { gate, .. }): Admin,
+    ApiQuery(params): ApiQuery<DeliveryParams>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let limit = params.limit.unwrap_or(100).clamp(1, 1000);
+    let history = crate::notify::history(gate.store(), limit).await?;
+    let views: Vec<serde_json::Value> = history
+        .iter()
+        .map(|d| {
+            serde_json::json!({
+                "id": d.id,
+                "message_id": d.message_id,
+                "event_type": d.event_type,
+                "subject": d.subject,
+                "channel": d.channel.label(),
+                "status": d.status,
+                "attempts": d.attempts,
+                "last_error": d.last_error,
+                "created_at": d.created_at.to_string(),
+                "next_at": d.next_at.to_string(),
+                "finished_at": d.finished_at.map(|t| t.to_string()),
+            })
+        })
+        .collect();
+    Ok(Json(serde_json::json!({"deliveries": views})))
+}

@@ -1,0 +1,192 @@
+//! Rooms over HTTP: one handler per operation, served under `/api/v1/rooms` (bearer
+//! tokens) and `/ui/api/rooms` (dashboard sessions) alike. Answering, resolving and room
+//! admin need an [`Approver`]; the rest any caller.
+
+use axum::Json;
+use countersign_core::rooms::{Member, MessageView, next_since};
+use serde::Serialize;
+
+use super::auth::{Approver, Caller};
+use super::error::{ApiError, ApiJson, ApiPath, ApiQuery};
+use crate::error::GateError;
+use crate::rooms::HumanGate;
+use crate::views::RoomView;
+#[derive(Debug, Serialize)]
+pub(super) struct RoomList {
+    rooms: Vec<RoomView>,
+}
+
+pub(super) async fn list(Caller { gate, .. }: Caller) -> Result<Json<RoomList>, ApiError> {
+    let rooms = gate.rooms();
+    let attention = rooms.attention().await?;
+    let rooms = rooms
+        .list()
+        .await?
+        .iter()
+        .map(|r| RoomView {
+            attention: Some(attention.get(&r.name).cloned().unwrap_or_default()),
+            ..RoomView::new(r)
+        })
+        .collect();
+    Ok(Json(RoomList { rooms }))
+}
+
+input!(CreateBody { name: String, #[serde(default)] title: Option<String> });
+
+pub(super) async fn create(
+    Caller { gate, who, .. }: Caller,
+    ApiJson(body): ApiJson<CreateBody>,
+) -> Result<Json<RoomView>, ApiError> {
+    let rooms = gate.rooms();
+    if rooms.room(&body.name).await?.is_some() {
+        return Err(GateError::BadInput(format!("room {} exists", body.name)).into());
+    }
+    let room = rooms
+        .create(&who, &body.name, body.title.as_deref())
+        .await?;
+    Ok(Json(RoomView::new(&room)))
+}
+
+input!(MessagesParams { since: Option<u64>, limit: Option<usize> });
+
+#[derive(Debug, Serialize)]
+pub(super) struct RoomMessages {
+    room: RoomView,
+    messages: Vec<MessageView>,
+    next_since: u64,
+}
+
+pub(super) async fn messages(
+    Caller { gate, .. }: Caller,
+    ApiPath(room): ApiPath<String>,
+    ApiQuery(params): ApiQuery<MessagesParams>,
+) -> Result<Json<RoomMessages>, ApiError> {
+    let rooms = gate.rooms();
+    let found = rooms.existing(&room).await?;
+    let since = params.since.unwrap_or(0);
+    let messages = rooms
+        .messages(
+            &found.name,
+            since,
+            params.limit.unwrap_or(200).clamp(1, 1000),
+        )
+        .await?;
+    Ok(Json(RoomMessages {
+        room: RoomView::new(&found),
+        next_since: next_since(&messages, since),
+        messages,
+    }))
+}
+
+input!(PostBody { text: String, #[serde(default, rename = "type")] kind: Option<String> });
+
+pub(super) async fn post_message(
+    Caller { gate, who, .. }: Caller,
+    ApiPath(room): ApiPath<String>,
+    ApiJson(body): ApiJson<PostBody>,
+) -> Result<Json<MessageView>, ApiError> {
+    let message = gate
+        .rooms()
+        .post_message(
+            &who,
+            &room,
+            &body.text,
+            body.kind.as_deref().unwrap_or("note"),
+        )
+        .await?;
+    Ok(Json(message))
+}
+
+#[derive(Debug, Serialize)]
+pub(super) struct MemberList {
+    members: Vec<Member>,
+}
+
+pub(super) async fn members(
+    Caller { gate, .. }: Caller,
+    ApiPath(room): ApiPath<String>,
+) -> Result<Json<MemberList>, ApiError> {
+    let rooms = gate.rooms();
+    rooms.existing(&room).await?;
+    Ok(Json(MemberList {
+        members: rooms.members(&room).await?,
+    }))
+}
+
+input!(AnswerBody { text: String });
+input!(ResolveBody { reply: String });
+
+/// The body that closes a human gate: a question's answer, a blocker's reply.
+pub(super) trait Closes: serde::de::DeserializeOwned + Send {
+    const GATE: HumanGate;
+    fn text(self) -> String;
+}
+
+impl Closes for AnswerBody {
+    const GATE: HumanGate = HumanGate::Question;
+    fn text(self) -> String {
+        self.text
+    }
+}
+
+impl Closes for ResolveBody {
+    const GATE: HumanGate = HumanGate::Blocker;
+    fn text(self) -> String {
+        self.reply
+    }
+}
+
+/// A person answers a question (`AnswerBody`) or resolves a blocker (`ResolveBody`).
+pub(super) async fn close<B: Closes>(
+    Approver { gate, decider, .. }: Approver,
+    ApiPath((room, id)): ApiPath<(String, String)>,
+    ApiJson(body): ApiJson<B>,
+) -> Result<Json<MessageView>, ApiError> {
+    let reply = gate
+        .rooms()
+        .close(&decider, &room, &id, B::GATE, &body.text())
+        .await?;
+    Ok(Json(reply))
+}
+
+input!(#[derive(Default)] AdminBody { #[serde(default)] title: Option<String> });
+
+#[derive(Debug, Serialize)]
+pub(super) struct AdminOutcome {
+    room: RoomView,
+    /// Where a purge wrote the room's backup.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    backup: Option<String>,
+}
+
+pub(super) async fn admin(
+    Approver { gate, decider, .. }: Approver,
+    ApiPath((room, action)): ApiPath<(String, String)>,
+    ApiJson(body): ApiJson<AdminBody>,
+) -> Result<Json<AdminOutcome>, ApiError> {
+    let rooms = gate.rooms();
+    let (room, backup) = match action.as_str() {
+        "rename" => {
+            let title = body
+                .title
+                .ok_or_else(|| GateError::BadInput("rename needs a title".into()))?;
+            (rooms.rename(&decider, &room, &title).await?, None)
+        }
+        "delete" => (rooms.trash(&decider, &room).await?, None),
+        "restore" => (rooms.restore(&decider, &room).await?, None),
+        "purge" => {
+            let (purged, backup) = rooms.purge(&decider, &room).await?;
+            (purged, Some(backup.display().to_string()))
+        }
+        other => {
+            return Err(GateError::NotFound(format!(
+                "room action {other} (rename, delete, restore, purge)"
+            ))
+            .into());
+        }
+    };
+    Ok(Json(AdminOutcome {
+        room: RoomView::new(&room),
+        backup,
+    }))
+}

@@ -1,0 +1,360 @@
+//! The outbox loop: plans deliveries from new events (moving a cursor through the log),
+//! claims due ones with a compare-and-swap lease, sends them over their transport,
+//! retries with backoff, retires them to the history, and prunes the history.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use countersign_core::Timestamp;
+use countersign_store::{ChangeFeed, Collection, Docs, Store, StoreError, Stored, kinds};
+use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
+
+use super::{
+    Delivery, DeliveryChannel, DeliveryStatus, DoneDocs, NotifyConfig, PENDING_SCAN_LIMIT,
+    PERMANENT, PendingDocs, SendResult, email, history, plan, slack, webhook,
+};
+use crate::error::GateError;
+use crate::gate::Gate;
+
+/// The longest one send may take.
+const SEND_TIMEOUT_SECONDS: u64 = 10;
+/// How often the history is pruned.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+/// The most finished deliveries one pruning pass deletes (the next pass goes on).
+const PRUNE_BATCH: usize = 10_000;
+
+/// The outbox's position: the last event planned.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Cursor {
+    seq: u64,
+}
+
+struct CursorDocs;
+impl Collection for CursorDocs {
+    const KIND: &'static str = kinds::OUTBOX;
+    type Body = Cursor;
+}
+const CURSOR_ID: &str = "cursor";
+
+/// Exponential backoff: 5 s, 10 s, 20 s, ... capped at an hour.
+fn backoff(attempts: u32) -> u64 {
+    let exp = attempts.saturating_sub(1).min(10);
+    (5u64 << exp).min(3600)
+}
+
+/// Sends planned deliveries over the configured transports.
+pub struct Notifier {
+    pub(super) gate: Arc<Gate>,
+    pub(super) config: NotifyConfig,
+    pub(super) http: reqwest::Client,
+}
+
+impl Notifier {
+    pub fn new(gate: Arc<Gate>, config: NotifyConfig) -> Result<Self, GateError> {
+        config.validate().map_err(GateError::BadInput)?;
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(
+                SEND_TIMEOUT_SECONDS.min(config.lease_seconds),
+            ))
+            .build()
+            .map_err(|e| GateError::internal("HTTP client", e))?;
+        Ok(Self { gate, config, http })
+    }
+
+    fn store(&self) -> &dyn Store {
+        &**self.gate.store()
+    }
+
+    fn pending(&self) -> Docs<'_, PendingDocs> {
+        Docs::new(self.store())
+    }
+
+    fn done(&self) -> Docs<'_, DoneDocs> {
+        Docs::new(self.store())
+    }
+
+    pub(super) fn now(&self) -> Timestamp {
+        self.gate.now()
+    }
+
+    /// Plans deliveries for every event after the outbox cursor and moves the cursor.
+    /// Safe to run in several processes at once.
+    pub async fn plan_new_events(&self) -> Result<usize, GateError> {
+        let cursors = Docs::<CursorDocs>::new(self.store());
+        let mut planned = 0;
+        loop {
+            let Some(cursor) = cursors.get(CURSOR_ID).await? else {
+                // A fresh outbox starts at the current end of the log: notifications are
+                // for what happens from now on, not for history.
+                let start = Cursor {
+                    seq: self.store().last_event_seq().await?,
+                };
+                match cursors
+                    .insert(CURSOR_ID, None, &start, self.now(), None)
+                    .await
+                {
+                    Ok(()) | Err(StoreError::Duplicate(_)) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+            };
+            let events = self.store().events_after(cursor.body.seq, 200).await?;
+            let Some(last) = events.last().map(|e| e.seq) else {
+                return Ok(planned);
+            };
+            for event in &events {
+                for delivery in plan(&self.config, &self.gate, event, self.now()).await? {
+                    planned += self.insert(&delivery).await? as usize;
+                }
+            }
+            match cursors
+                .update(&cursor, &Cursor { seq: last }, self.now(), None)
+                .await
+            {
+                // Another process moved the cursor; its plans are the same as ours.
+                Ok(_) | Err(StoreError::Conflict(_)) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    /// Inserts a planned delivery unless it exists (planned before, maybe elsewhere).
+    pub(crate) async fn insert(&self, delivery: &Delivery) -> Result<bool, GateError> {
+        if self.done().get(&delivery.id).await?.is_some() {
+            return Ok(false);
+        }
+        let now = self.now();
+        // A delivery planned as already finished (skipped) goes straight to the history.
+        let inserted = if delivery.status == DeliveryStatus::Pending {
+            self.pending()
+                .insert(&delivery.id, None, delivery, now, None)
+                .await
+        } else {
+            self.done()
+                .insert(&delivery.id, None, delivery, now, None)
+                .await
+        };
+        match inserted {
+            Ok(()) => Ok(true),
+            Err(StoreError::Duplicate(_)) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Plans reminders and escalations for requests that waited too long.
+    pub async fn plan_reminders(&self) -> Result<usize, GateError> {
+        let Some(reminders) = &self.config.reminders else {
+            return Ok(0);
+        };
+        let mut planned = 0;
+        for delivery in plan::reminders(&self.config, reminders, &self.gate, self.now()).await? {
+            planned += self.insert(&delivery).await? as usize;
+        }
+        Ok(planned)
+    }
+
+    /// Sends every due delivery this process can claim.
+    pub async fn send_due(&self) -> Result<usize, GateError> {
+        let now = self.now();
+        let mut sent = 0;
+        // Every pending delivery, not the first few hundred by id: those can all be
+        // waiting for a retry (a dead endpoint), and a cut-off would starve the rest.
+        for stored in self.pending().list("", PENDING_SCAN_LIMIT).await? {
+            let delivery = &stored.body;
+            if delivery.next_at > now || delivery.lease_until.is_some_and(|l| l > now) {
+                continue;
+            }
+            // Claim it: only one process wins the version.
+            let mut claimed = delivery.clone();
+            claimed.lease_until = Some(now.plus_seconds(self.config.lease_seconds));
+            claimed.attempts += 1;
+            let version = match self.pending().update(&stored, &claimed, now, None).await {
+                Ok(version) => version,
+                Err(StoreError::Conflict(_) | StoreError::NotFound { .. }) => continue,
+                Err(e) => return Err(e.into()),
+            };
+            // Planned again after another process had already sent and retired it: the
+            // history has it, so it must not go out twice.
+            if self.done().get(&claimed.id).await?.is_some() {
+                self.pending().delete(&claimed.id).await?;
+                continue;
+            }
+            let result = self.send(&claimed).await;
+            let claimed = Stored {
+                version,
+                body: claimed,
+                ..stored
+            };
+            self.finish(claimed, result).await?;
+            sent += 1;
+        }
+        Ok(sent)
+    }
+
+    async fn send(&self, delivery: &Delivery) -> SendResult {
+        match &delivery.channel {
+            DeliveryChannel::Webhook { name, url } => {
+                let Some(config) = self.config.webhooks.iter().find(|w| &w.name == name) else {
+                    return Err(format!("webhook {name} is no longer configured"));
+                };
+                let Some(body) = &delivery.body else {
+                    return Err("the delivery has no body".into());
+                };
+                webhook::send(
+                    &self.http,
+                    url,
+                    &config.secret,
+                    &delivery.message_id,
+                    self.now(),
+                    body.as_bytes(),
+                )
+                .await
+            }
+            DeliveryChannel::Slack { to, reminder } => {
+                slack::send_post(self, delivery, to, *reminder).await
+            }
+            DeliveryChannel::SlackUpdate { .. } => slack::send_update(self, delivery).await,
+            DeliveryChannel::Email { to, reminder } => {
+                email::send(self, delivery, to, *reminder).await
+            }
+        }
+    }
+
+    /// Records what a send came to: retired to the history when it went out (or was
+    /// skipped, or failed for good, then with its fallback planned), else scheduled for
+    /// a retry.
+    async fn finish(&self, claimed: Stored<Delivery>, result: SendResult) -> Result<(), GateError> {
+        let now = self.now();
+        let mut delivery = claimed.body.clone();
+        delivery.lease_until = None;
+        match result {
+            Ok(receipt) => {
+                // A transport that chose not to send says why (e.g. the request closed).
+                let skipped = receipt
+                    .as_ref()
+                    .and_then(|r| r.get("skipped"))
+                    .and_then(|s| s.as_str())
+                    .map(str::to_string);
+                delivery.status = if skipped.is_some() {
+                    DeliveryStatus::Skipped
+                } else {
+                    DeliveryStatus::Sent
+                };
+                delivery.receipt = receipt;
+                delivery.last_error = skipped;
+                delivery.finished_at = Some(now);
+                self.retire(&delivery).await
+            }
+            Err(error) => {
+                tracing::warn!(delivery = %delivery.id, attempt = delivery.attempts, %error, "delivery failed");
+                let given_up = error.starts_with(PERMANENT);
+                delivery.last_error = Some(match error.strip_prefix(PERMANENT) {
+                    Some(rest) => format!("{rest} (not retried)"),
+                    None => error,
+                });
+                if given_up || delivery.attempts >= self.config.max_attempts {
+                    delivery.status = DeliveryStatus::Failed;
+                    delivery.finished_at = Some(now);
+                    self.retire(&delivery).await?;
+                    // A Slack message that cannot be delivered falls back to email.
+                    for fallback in plan::fallback(&self.config, &self.gate, &delivery, now).await?
+                    {
+                        self.insert(&fallback).await?;
+                    }
+                    return Ok(());
+                }
+                delivery.next_at = now.plus_seconds(backoff(delivery.attempts));
+                match self.pending().update(&claimed, &delivery, now, None).await {
+                    Ok(_) | Err(StoreError::Conflict(_)) => Ok(()),
+                    Err(e) => Err(e.into()),
+                }
+            }
+        }
+    }
+
+    /// Moves a finished delivery to the history.
+    async fn retire(&self, delivery: &Delivery) -> Result<(), GateError> {
+        match self
+            .done()
+            .insert(&delivery.id, None, delivery, self.now(), None)
+            .await
+        {
+            Ok(()) | Err(StoreError::Duplicate(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        self.pending().delete(&delivery.id).await?;
+        Ok(())
+    }
+
+    /// Deletes what is older than `[notify] history_days`: finished deliveries, and the
+    /// records of Slack messages posted and emails sent for requests (kept so a decision
+    /// can update the message and send follow-ups; a request is closed long before, as
+    /// no request waits more than 7 days). At most [`PRUNE_BATCH`] per kind and call;
+    /// returns how many it deleted. Every instance may run it: deleting what another
+    /// already deleted is a no-op.
+    pub async fn prune_history(&self) -> Result<u64, GateError> {
+        let keep_ms =
+            i64::try_from(self.config.history_days.saturating_mul(86_400_000)).unwrap_or(i64::MAX);
+        let now = self.now();
+        let deleted = self.prune::<DoneDocs>(keep_ms, now).await?
+            + self.prune::<slack::MessageDocs>(keep_ms, now).await?
+            + self.prune::<email::SentDocs>(keep_ms, now).await?;
+        if deleted > 0 {
+            tracing::info!(
+                deleted,
+                days = self.config.history_days,
+                "pruned the delivery history"
+            );
+        }
+        Ok(deleted)
+    }
+
+    async fn prune<C: Collection>(&self, keep_ms: i64, now: Timestamp) -> Result<u64, GateError> {
+        let docs = Docs::<C>::new(self.store());
+        let mut deleted = 0;
+        // Most ids start with something time-ordered (an event's zero-padded sequence
+        // number, a request id), so the scan meets the oldest first.
+        for (id, updated_at) in docs.updated("", PENDING_SCAN_LIMIT).await? {
+            if deleted as usize >= PRUNE_BATCH {
+                break;
+            }
+            if updated_at.millis_until(now) > keep_ms && docs.delete(&id).await? {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
+    }
+
+    /// Plans and sends until `shutdown`: woken by new events, and every second for
+    /// retries and reminders; prunes the history every hour.
+    pub async fn run(self: Arc<Self>, feed: ChangeFeed, shutdown: CancellationToken) {
+        let mut events = feed.subscribe();
+        let mut next_prune = tokio::time::Instant::now();
+        loop {
+            let work = async {
+                self.plan_new_events().await?;
+                self.plan_reminders().await?;
+                self.send_due().await
+            };
+            if let Err(err) = work.await {
+                tracing::warn!(%err, "notification outbox: will retry");
+            }
+            if tokio::time::Instant::now() >= next_prune {
+                next_prune += PRUNE_EVERY;
+                if let Err(err) = self.prune_history().await {
+                    tracing::warn!(%err, "could not prune the delivery history; will retry");
+                }
+            }
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = events.recv() => {}
+                _ = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    }
+
+    /// The delivery history, newest first (for admins).
+    pub async fn history(&self, limit: usize) -> Result<Vec<Delivery>, GateError> {
+        history(self.gate.store(), limit).await
+    }
+}

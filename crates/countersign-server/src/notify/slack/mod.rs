@@ -1,0 +1,197 @@
+//! Slack, outbound: requests posted with `chat.postMessage` as Block Kit messages with
+//! Approve and Reject buttons (`blocks`), updated with `chat.update` once decided, over
+//! the Web API (`api`). The clicks come back to `http::slack`, which checks who clicked.
+
+mod api;
+mod blocks;
+
+use std::collections::BTreeMap;
+
+use countersign_core::Status;
+use countersign_store::{Collection, Docs, StoreError, kinds};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::{Delivery, Notifier, SendResult, permanent};
+
+pub use api::{ApiFailure, auth_test, call};
+pub use blocks::{final_message, modal, outcome_line, request_message};
+
+pub const DEFAULT_API_BASE_URL: &str = "https://slack.com/api";
+/// The buttons' action ids and the modals' callback ids.
+pub const APPROVE: &str = "countersign_approve";
+pub const REJECT: &str = "countersign_reject";
+
+/// A Slack message sent for a request, remembered so a decision can update it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct PostedMessage {
+    pub channel: String,
+    pub ts: String,
+    pub delivery_id: String,
+    pub to: String,
+}
+
+/// Slack messages sent for a request: `{request_id}/{delivery_id}`.
+pub(crate) struct MessageDocs;
+impl Collection for MessageDocs {
+    const KIND: &'static str = kinds::SLACK_MESSAGE;
+    type Body = PostedMessage;
+}
+
+/// The Slack app countersign posts as.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SlackConfig {
+    /// The bot token (`xoxb-...`), sent as `Authorization: Bearer`.
+    pub bot_token: String,
+    /// The app's signing secret, which signs every interactivity request.
+    pub signing_secret: String,
+    /// Slack's Web API, `https://slack.com/api` unless pointed elsewhere (tests).
+    pub api_base_url: String,
+    /// Slack user id → countersign dashboard username.
+    pub approvers: BTreeMap<String, String>,
+}
+
+impl std::fmt::Debug for SlackConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SlackConfig")
+            .field("bot_token", &"***")
+            .field("signing_secret", &"***")
+            .field("api_base_url", &self.api_base_url)
+            .field("approvers", &self.approvers)
+            .finish()
+    }
+}
+
+/// Whether `to` names a Slack user (`U…` or `W…`) rather than a channel.
+pub fn is_user_id(to: &str) -> bool {
+    to.len() >= 3
+        && (to.starts_with('U') || to.starts_with('W'))
+        && to
+            .chars()
+            .all(|c| c.is_ascii_uppercase() || c.is_ascii_digit())
+}
+
+// ---- deliveries -------------------------------------------------------------------------
+
+fn store_failure(e: impl std::fmt::Display) -> String {
+    format!("could not read the request: {e}")
+}
+
+/// Posts a request (or a reminder) and remembers the message so it can be updated.
+pub(super) async fn send_post(
+    notifier: &Notifier,
+    delivery: &Delivery,
+    to: &str,
+    reminder: bool,
+) -> SendResult {
+    let Some(config) = &notifier.config.slack else {
+        return Err(permanent("Slack is not configured on this server"));
+    };
+    let Some(id) = &delivery.subject else {
+        return Err(permanent("the delivery names no request"));
+    };
+    let request = notifier
+        .gate
+        .store()
+        .get_request(id)
+        .await
+        .map_err(store_failure)?
+        .ok_or_else(|| permanent(format!("request {id} does not exist")))?;
+    let now = notifier.now();
+    if request.status != Status::Pending || request.is_past_expiry(now) {
+        return Ok(Some(json!({
+            "skipped": format!("not posted: the request was already closed ({})", outcome_line(&request)),
+        })));
+    }
+    let mut body = request_message(&request, &notifier.config.public_url, reminder);
+    body["channel"] = json!(to);
+    let answer = call(&notifier.http, config, "chat.postMessage", &body)
+        .await
+        .map_err(ApiFailure::into_send_error)?;
+    let channel = answer
+        .get("channel")
+        .and_then(Value::as_str)
+        .unwrap_or(to)
+        .to_string();
+    let ts = answer
+        .get("ts")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let receipt = json!({"channel": channel, "ts": ts});
+    // Remembered before looking at the request again: a decision committed meanwhile is
+    // either seen here (and the update planned now) or sees this message when planned.
+    let posted = PostedMessage {
+        channel: channel.clone(),
+        ts: ts.clone(),
+        delivery_id: delivery.id.clone(),
+        to: to.to_string(),
+    };
+    match Docs::<MessageDocs>::new(&**notifier.gate.store())
+        .insert(&format!("{id}/{}", delivery.id), None, &posted, now, None)
+        .await
+    {
+        Ok(()) | Err(StoreError::Duplicate(_)) => {}
+        Err(e) => tracing::warn!(%e, delivery = %delivery.id, "could not remember a Slack message"),
+    }
+    if let Ok(Some(current)) = notifier.gate.store().get_request(id).await
+        && current.status.is_final()
+    {
+        let update = super::plan::slack_update(
+            &notifier.gate,
+            &current.id,
+            &delivery.id,
+            &channel,
+            &ts,
+            "request.decided",
+            now,
+        );
+        if let Err(e) = notifier.insert(&update).await {
+            tracing::warn!(%e, "could not plan a Slack update");
+        }
+    }
+    Ok(Some(receipt))
+}
+
+/// Replaces a posted message with the request's outcome.
+pub(super) async fn send_update(notifier: &Notifier, delivery: &Delivery) -> SendResult {
+    let Some(config) = &notifier.config.slack else {
+        return Err(permanent("Slack is not configured on this server"));
+    };
+    let target: Value = delivery
+        .body
+        .as_deref()
+        .and_then(|b| serde_json::from_str(b).ok())
+        .ok_or_else(|| permanent("the update names no message"))?;
+    let Some(id) = &delivery.subject else {
+        return Err(permanent("the delivery names no request"));
+    };
+    let request = notifier
+        .gate
+        .store()
+        .get_request(id)
+        .await
+        .map_err(store_failure)?
+        .ok_or_else(|| permanent(format!("request {id} does not exist")))?;
+    let mut body = final_message(&request);
+    body["channel"] = target["channel"].clone();
+    body["ts"] = target["ts"].clone();
+    call(&notifier.http, config, "chat.update", &body)
+        .await
+        .map_err(ApiFailure::into_send_error)?;
+    Ok(Some(target))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_ids_are_told_from_channels() {
+        assert!(is_user_id("U0123ABC"));
+        assert!(is_user_id("W0123ABC"));
+        assert!(!is_user_id("C0123ABC"));
+        assert!(!is_user_id("#approvals"));
+        assert!(!is_user_id("Ualice"));
+    }
+}
