@@ -14,6 +14,9 @@
 //! - Reads and log integration use a pool of connections (deadpool-postgres), and so do
 //!   the writes that append no event: document writes without one, settings, imports
 //!   (`docs.rs`). A document write with an event goes through the writer.
+//! - The rows themselves are encoded and decoded by `countersign_store::rows`, as for
+//!   every backend; what is PostgreSQL's is the SQL and the parameter order
+//!   (`params.rs`).
 //!
 //! # The database URL
 //!
@@ -38,6 +41,7 @@ mod error;
 mod events;
 mod listener;
 mod log;
+mod params;
 mod requests;
 mod schema;
 mod tokens;
@@ -59,13 +63,17 @@ use tokio::sync::oneshot;
 use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
+use countersign_store::rows::{
+    EventRow, RequestRow, TokenRow, TransitionRow, decode_integrated_size, to_sql_int,
+};
+
 use crate::config::Target;
 use crate::connection::AbortOnDrop;
 use crate::docs::{DocOp, DocWrite};
-use crate::error::{column_err, connect_err, db_err, pool_err, to_sql_int};
-use crate::events::EventRow;
-use crate::requests::{Inserted, RequestRow, TransitionRow};
-use crate::tokens::{NewToken, Revocation, TokenRow};
+use crate::error::{column_err, connect_err, db_err, pool_err};
+use crate::params::Params;
+use crate::requests::Inserted;
+use crate::tokens::{NewToken, Revocation};
 use crate::writer::{Outcome, Write, Writer};
 
 pub use crate::config::Options;
@@ -476,7 +484,7 @@ impl Store for PostgresStore {
                 &[&"integrated_size"],
             )
             .await?;
-        log::decode_size(log::decode_meta(&rows)?)
+        decode_integrated_size(log::decode_meta(&rows)?)
     }
 
     async fn integrate(
@@ -630,7 +638,7 @@ impl Store for PostgresStore {
     async fn import_request(&self, request: &ApprovalRequest) -> Result<(), StoreError> {
         let row = RequestRow::of(request)?;
         self.insert_new("import a request", requests::IMPORT, &row.params(), || {
-            format!("request {}", row.id())
+            format!("request {}", row.id)
         })
         .await
     }
@@ -641,7 +649,7 @@ impl Store for PostgresStore {
             "import a token",
             &tokens::import_sql(),
             &row.params(),
-            || format!("token {} (or its hash)", row.id()),
+            || format!("token {} (or its hash)", row.id),
         )
         .await
     }

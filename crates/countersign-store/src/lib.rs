@@ -7,8 +7,10 @@
 //! a gap-free, increasing sequence number; the change feed and the transparency log are
 //! built on that order.
 
+pub mod batch;
 mod error;
 mod feed;
+pub mod rows;
 #[cfg(feature = "testsuite")]
 pub mod testsuite;
 
