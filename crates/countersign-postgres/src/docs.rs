@@ -10,12 +10,13 @@
 //! compare-and-swap and its uniqueness hold against every other instance all the same.
 
 use countersign_core::SealedEvent;
+use countersign_store::rows::{DocRow, EventRow};
 use countersign_store::{Doc, StoreError};
 use tokio_postgres::Row;
-use tokio_postgres::types::ToSql;
 
-use crate::error::{Failure, classify, column_err, corrupt, encode_err, map, timestamp, to_u64};
-use crate::events::{EventRow, append_ctes, written_seq};
+use crate::error::{Failure, classify, column_err, map};
+use crate::events::{append_ctes, written_seq};
+use crate::params::{Param, Params};
 use crate::writer::{Decoded, Outcome};
 
 /// Which write.
@@ -25,36 +26,10 @@ pub(crate) enum DocOp {
     Update,
 }
 
-/// A document ready to write, encoded on the caller's task rather than the writer's.
-struct DocRow {
-    kind: String,
-    id: String,
-    version: i64,
-    key: Option<String>,
-    body: String,
-    updated_at: i64,
-}
-
-impl DocRow {
-    fn of(doc: &Doc) -> Result<Self, StoreError> {
-        Ok(Self {
-            kind: doc.kind.clone(),
-            id: doc.id.clone(),
-            version: i64::try_from(doc.version).map_err(|_| {
-                StoreError::Backend(format!(
-                    "document {}/{} has version {}, beyond what can be stored",
-                    doc.kind, doc.id, doc.version
-                ))
-            })?,
-            key: doc.key.clone(),
-            body: serde_json::to_string(&doc.body)
-                .map_err(|e| encode_err(&format!("document {}/{}", doc.kind, doc.id), e))?,
-            updated_at: doc.updated_at.millis(),
-        })
-    }
-
-    fn params(&self) -> [&(dyn ToSql + Sync); 6] {
-        [
+/// A document's columns in the order of [`write_sql`]'s.
+impl Params for DocRow {
+    fn params(&self) -> Vec<Param<'_>> {
+        vec![
             &self.kind,
             &self.id,
             &self.version,
@@ -107,12 +82,9 @@ impl DocWrite {
         write_sql(self.op, self.has_event())
     }
 
-    pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
-        let mut params: Vec<&(dyn ToSql + Sync)> = Vec::with_capacity(12);
-        if let Some(event) = &self.event {
-            params.extend_from_slice(&event.params());
-        }
-        params.extend_from_slice(&self.row.params());
+    pub(crate) fn params(&self) -> Vec<Param<'_>> {
+        let mut params = self.event.as_ref().map(Params::params).unwrap_or_default();
+        params.extend(self.row.params());
         params
     }
 
@@ -122,7 +94,7 @@ impl DocWrite {
     pub(crate) fn error(&self, err: &tokio_postgres::Error) -> StoreError {
         let index = err.as_db_error().and_then(|db| db.constraint());
         if classify(err) == Failure::Unique && index.is_some_and(|i| i.starts_with("documents_")) {
-            self.duplicate(None)
+            self.row.duplicate(None)
         } else {
             map(self.what(), err)
         }
@@ -130,17 +102,6 @@ impl DocWrite {
 
     fn name(&self) -> String {
         format!("{}/{}", self.row.kind, self.row.id)
-    }
-
-    fn duplicate(&self, clash: Option<&str>) -> StoreError {
-        let DocRow { kind, id, key, .. } = &self.row;
-        StoreError::Duplicate(match (clash, key) {
-            (Some(other), Some(key)) if other != id => {
-                format!("{kind} with key {key} ({other})")
-            }
-            (Some(_), _) | (None, None) => format!("{kind} {id}"),
-            (None, Some(key)) => format!("{kind} with id {id} or key {key}"),
-        })
     }
 
     /// Reads the statement's result: the event it wrote, and the write's own result.
@@ -167,20 +128,12 @@ impl DocWrite {
             return Ok((seq, Ok(())));
         }
         let refusal = match (self.op, current) {
-            (DocOp::Insert, _) => self.duplicate(clash.as_deref()),
-            (DocOp::Update, None) => StoreError::NotFound {
-                what: "document",
-                id: self.name(),
-            },
+            (DocOp::Insert, _) => self.row.duplicate(clash.as_deref()),
+            (DocOp::Update, None) => self.row.not_found(),
             (DocOp::Update, Some(current)) if current != self.row.version - 1 => {
-                StoreError::Conflict(format!(
-                    "{} {} (now version {current}, not {})",
-                    self.row.kind,
-                    self.row.id,
-                    self.row.version - 1
-                ))
+                self.row.conflict(current)
             }
-            (DocOp::Update, Some(_)) if clash.is_some() => self.duplicate(clash.as_deref()),
+            (DocOp::Update, Some(_)) if clash.is_some() => self.row.duplicate(clash.as_deref()),
             // At the expected version when the statement began, yet not updated: a
             // concurrent write changed it first.
             (DocOp::Update, Some(_)) => StoreError::Conflict(format!(
@@ -353,21 +306,15 @@ pub(crate) fn decode_docs(rows: &[Row]) -> Result<Vec<Doc>, StoreError> {
 
 fn decode_doc(row: &Row) -> Result<Doc, StoreError> {
     let column = column_err("a document");
-    let kind: String = row.try_get(0).map_err(&column)?;
-    let id: String = row.try_get(1).map_err(&column)?;
-    let version: i64 = row.try_get(2).map_err(&column)?;
-    let key: Option<String> = row.try_get(3).map_err(&column)?;
-    let body: String = row.try_get(4).map_err(&column)?;
-    let updated_at: i64 = row.try_get(5).map_err(&column)?;
-    let what = format!("document {kind}/{id}");
-    Ok(Doc {
-        version: to_u64(&what, version)?,
-        body: serde_json::from_str(&body).map_err(|e| corrupt(&what, e))?,
-        updated_at: timestamp(&what, updated_at)?,
-        kind,
-        id,
-        key,
-    })
+    DocRow {
+        kind: row.try_get(0).map_err(&column)?,
+        id: row.try_get(1).map_err(&column)?,
+        version: row.try_get(2).map_err(&column)?,
+        key: row.try_get(3).map_err(&column)?,
+        body: row.try_get(4).map_err(&column)?,
+        updated_at: row.try_get(5).map_err(&column)?,
+    }
+    .decode()
 }
 
 pub(crate) fn decode_meta_list(rows: &[Row]) -> Result<Vec<(String, String)>, StoreError> {

@@ -7,6 +7,7 @@
 //! - Anything else (bad credentials, missing privileges, a bug): `Backend`.
 
 use countersign_store::StoreError;
+use countersign_store::rows::corrupt;
 use deadpool_postgres::PoolError;
 use tokio_postgres::error::SqlState;
 
@@ -150,36 +151,7 @@ pub(crate) fn connect_err(op: &str, target: &str, err: &tokio_postgres::Error) -
     }
 }
 
-/// A stored value that does not decode: a bug or outside tampering, never retryable.
-pub(crate) fn corrupt(what: impl std::fmt::Display, err: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("{what}: {err}"))
-}
-
 /// A column that does not have the type the schema gives it.
 pub(crate) fn column_err(what: &'static str) -> impl Fn(tokio_postgres::Error) -> StoreError {
     move |err| corrupt(what, describe(&err))
-}
-
-/// Values that cannot be encoded for storage.
-pub(crate) fn encode_err(what: &str, err: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("could not encode {what}: {err}"))
-}
-
-/// Converts a count or sequence number to PostgreSQL's bigint, saturating (a limit or a
-/// cursor beyond i64 means "everything").
-pub(crate) fn to_sql_int(n: impl TryInto<i64>) -> i64 {
-    n.try_into().unwrap_or(i64::MAX)
-}
-
-/// A stored bigint that must not be negative (a sequence number, a size).
-pub(crate) fn to_u64(what: &str, n: i64) -> Result<u64, StoreError> {
-    u64::try_from(n).map_err(|_| corrupt(what, format!("{n} is negative")))
-}
-
-pub(crate) fn timestamp(
-    what: &str,
-    millis: i64,
-) -> Result<countersign_core::Timestamp, StoreError> {
-    countersign_core::Timestamp::from_millis(millis)
-        .ok_or_else(|| corrupt(what, format!("{millis} is not a time")))
 }

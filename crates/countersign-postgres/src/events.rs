@@ -9,49 +9,18 @@
 
 use std::collections::BTreeMap;
 
-use countersign_core::{LogEntry, PayloadOpening, SealedEvent};
+use countersign_core::PayloadOpening;
+use countersign_store::rows::{EventRow, decode_event, decode_payload, to_sql_int, to_u64};
 use countersign_store::{StoreError, StoredEvent};
 use tokio_postgres::Row;
-use tokio_postgres::types::ToSql;
 
-use crate::error::{column_err, corrupt, encode_err, to_sql_int, to_u64};
+use crate::error::column_err;
+use crate::params::{Param, Params};
 
-/// An event ready to insert, encoded on the caller's task rather than the writer's. Its
-/// values are parameters `$1` to `$6` of every appending statement.
-pub(crate) struct EventRow {
-    at: i64,
-    kind: &'static str,
-    subject: Option<String>,
-    bytes: Vec<u8>,
-    salt: Option<String>,
-    payload: Option<String>,
-}
-
-impl EventRow {
-    pub(crate) fn of(event: &SealedEvent) -> Result<Self, StoreError> {
-        let (salt, payload) = match &event.payload {
-            Some(opening) => (
-                Some(opening.salt.clone()),
-                Some(
-                    serde_json::to_string(&opening.payload)
-                        .map_err(|e| encode_err("a payload", e))?,
-                ),
-            ),
-            None => (None, None),
-        };
-        Ok(Self {
-            at: event.entry.at.millis(),
-            kind: event.entry.kind.as_str(),
-            subject: event.entry.subject.clone(),
-            bytes: event.bytes.clone(),
-            salt,
-            payload,
-        })
-    }
-
-    /// Parameters `$1` to `$6`.
-    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 6] {
-        [
+/// An event's values are parameters `$1` to `$6` of every appending statement.
+impl Params for EventRow {
+    fn params(&self) -> Vec<Param<'_>> {
+        vec![
             &self.at,
             &self.kind,
             &self.subject,
@@ -114,13 +83,7 @@ pub(crate) fn decode_events(rows: &[Row]) -> Result<Vec<StoredEvent>, StoreError
         .map(|row| {
             let seq: i64 = row.try_get(0).map_err(column_err("an event's number"))?;
             let bytes: Vec<u8> = row.try_get(1).map_err(column_err("an event's bytes"))?;
-            let entry: LogEntry = serde_json::from_slice(&bytes)
-                .map_err(|e| corrupt(format!("log entry {seq}"), e))?;
-            Ok(StoredEvent {
-                seq: to_u64("an event's number", seq)?,
-                entry,
-                bytes,
-            })
+            decode_event(seq, bytes)
         })
         .collect()
 }
@@ -139,12 +102,8 @@ pub(crate) fn decode_payloads(rows: &[Row]) -> Result<BTreeMap<u64, PayloadOpeni
         let seq: i64 = row.try_get(0).map_err(column_err("a payload's number"))?;
         let salt: String = row.try_get(1).map_err(column_err("a payload's salt"))?;
         let payload: String = row.try_get(2).map_err(column_err("a payload"))?;
-        let payload =
-            serde_json::from_str(&payload).map_err(|e| corrupt(format!("payload {seq}"), e))?;
-        out.insert(
-            to_u64("a payload's number", seq)?,
-            PayloadOpening { salt, payload },
-        );
+        let (seq, opening) = decode_payload(seq, salt, &payload)?;
+        out.insert(seq, opening);
     }
     Ok(out)
 }

@@ -11,9 +11,14 @@
 //!   on one instance wakes when another instance records the decision (`listener.rs`).
 //! - Migrations run on connect under an advisory lock, so instances may start together
 //!   (`schema.rs`).
-//! - Reads and log integration use a pool of connections (deadpool-postgres), and so do
-//!   the writes that append no event: document writes without one, settings, imports
-//!   (`docs.rs`). A document write with an event goes through the writer.
+//! - Reads and log integration use a pool of connections (deadpool-postgres,
+//!   `pool.rs`), and so do the writes that append no event: document writes without
+//!   one, settings, imports (`docs.rs`). A document write with an event goes through
+//!   the writer.
+//! - The rows themselves are encoded and decoded by `countersign_store::rows`, as for
+//!   every backend; what is PostgreSQL's is the SQL and the parameter order
+//!   (`params.rs`).
+//! - `check` explains in words what keeps the store from working (`health.rs`).
 //!
 //! # The database URL
 //!
@@ -36,67 +41,54 @@ mod connection;
 mod docs;
 mod error;
 mod events;
+mod health;
 mod listener;
 mod log;
+mod params;
+mod pool;
 mod requests;
 mod schema;
 mod tokens;
 mod writer;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use countersign_core::merkle::{Hash, NodeId};
 use countersign_core::{
     ApprovalRequest, PayloadOpening, SealedEvent, SealedTransition, Timestamp, TokenRecord,
 };
+use countersign_store::rows::{
+    EventRow, RequestRow, TokenRow, TransitionRow, decode_integrated_size, to_sql_int,
+};
 use countersign_store::{
     ChangeCallback, Created, Doc, RequestQuery, Store, StoreError, StoredCheckpoint, StoredEvent,
 };
-use deadpool_postgres::{Manager, ManagerConfig, Object, Pool, RecyclingMethod, Runtime};
-use tokio::sync::oneshot;
-use tokio_postgres::NoTls;
 use tokio_postgres::types::ToSql;
 
 use crate::config::Target;
-use crate::connection::AbortOnDrop;
 use crate::docs::{DocOp, DocWrite};
-use crate::error::{column_err, connect_err, db_err, pool_err, to_sql_int};
-use crate::events::EventRow;
-use crate::requests::{Inserted, RequestRow, TransitionRow};
-use crate::tokens::{NewToken, Revocation, TokenRow};
+use crate::error::db_err;
+use crate::listener::Listeners;
+use crate::params::Params;
+use crate::pool::Pooled;
+use crate::requests::Inserted;
+use crate::tokens::{NewToken, Revocation};
 use crate::writer::{Outcome, Write, Writer};
 
 pub use crate::config::Options;
+pub use crate::health::ServerInfo;
 pub use crate::schema::SCHEMA_VERSION;
 pub use crate::writer::WriterStats;
-
-/// What the server says about itself, for `doctor` output and tests.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ServerInfo {
-    /// e.g. "15.4".
-    pub server_version: String,
-    /// `on` unless someone changed it for our sessions; acknowledged writes are durable
-    /// only when it is `on` (or `remote_write` and stronger with a standby).
-    pub synchronous_commit: String,
-    /// The schema our tables are in.
-    pub schema: String,
-    /// The countersign schema version found there (0 if none).
-    pub schema_version: i32,
-    /// A standby in recovery: it can serve no writes.
-    pub in_recovery: bool,
-    /// Transactions are read-only by default for our sessions.
-    pub read_only: bool,
-}
 
 /// The PostgreSQL store. Share it behind an `Arc`; dropping it stops its listeners at
 /// once and its writer once the queued writes are done.
 pub struct PostgresStore {
     target: Arc<Target>,
-    pool: Pool,
+    pool: Pooled,
     writer: Writer,
-    listeners: Mutex<Vec<AbortOnDrop>>,
+    listeners: Listeners,
 }
 
 impl PostgresStore {
@@ -124,28 +116,13 @@ impl PostgresStore {
             ));
         }
         let target = Arc::new(Target::new(url, options)?);
-        let manager = Manager::from_config(
-            target.config.clone(),
-            NoTls,
-            ManagerConfig {
-                // A connection that broke is noticed (and replaced) when it is next
-                // handed out; queries on it fail rather than hang, and are retryable.
-                recycling_method: RecyclingMethod::Fast,
-            },
-        );
-        let pool = Pool::builder(manager)
-            .max_size(options.pool_size.max(1))
-            .wait_timeout(Some(options.connect_timeout))
-            .create_timeout(Some(options.connect_timeout))
-            .runtime(Runtime::Tokio1)
-            .build()
-            .map_err(|e| StoreError::Backend(format!("could not set up a connection pool: {e}")))?;
+        let pool = Pooled::new(target.clone(), options)?;
         let writer = Writer::start((*target).clone());
         Ok(Self {
             target,
             pool,
             writer,
-            listeners: Mutex::new(Vec::new()),
+            listeners: Listeners::default(),
         })
     }
 
@@ -165,98 +142,6 @@ impl PostgresStore {
         self.writer.stats()
     }
 
-    pub async fn server_info(&self) -> Result<ServerInfo, StoreError> {
-        let op = "read the server's settings";
-        let client = self.client(op).await?;
-        let row = client
-            .query_one(
-                "SELECT current_setting('server_version'),
-                        current_setting('synchronous_commit'),
-                        coalesce(current_schema(), ''),
-                        pg_is_in_recovery(),
-                        current_setting('transaction_read_only') = 'on',
-                        to_regclass('schema_version') IS NOT NULL",
-                &[],
-            )
-            .await
-            .map_err(db_err(op))?;
-        let column = column_err("the server's settings");
-        let has_versions: bool = row.try_get(5).map_err(&column)?;
-        let schema_version = if has_versions {
-            schema::current_version(&client).await.map_err(db_err(op))?
-        } else {
-            0
-        };
-        Ok(ServerInfo {
-            server_version: row.try_get(0).map_err(&column)?,
-            synchronous_commit: row.try_get(1).map_err(&column)?,
-            schema: row.try_get(2).map_err(&column)?,
-            in_recovery: row.try_get(3).map_err(&column)?,
-            read_only: row.try_get(4).map_err(&column)?,
-            schema_version,
-        })
-    }
-
-    async fn client(&self, op: &'static str) -> Result<Object, StoreError> {
-        self.pool
-            .get()
-            .await
-            .map_err(|e| pool_err(op, &self.target.name, e))
-    }
-
-    /// Runs one prepared (and per-connection cached) statement on a pooled connection.
-    async fn query(
-        &self,
-        op: &'static str,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<Vec<tokio_postgres::Row>, StoreError> {
-        let client = self.client(op).await?;
-        let statement = client.prepare_cached(sql).await.map_err(db_err(op))?;
-        client.query(&statement, params).await.map_err(db_err(op))
-    }
-
-    async fn query_one(
-        &self,
-        op: &'static str,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<tokio_postgres::Row, StoreError> {
-        self.query(op, sql, params)
-            .await?
-            .into_iter()
-            .next()
-            .ok_or_else(|| StoreError::Backend(format!("{op}: the query returned no row")))
-    }
-
-    /// Runs one prepared (and per-connection cached) statement on a pooled connection;
-    /// how many rows it changed.
-    async fn execute(
-        &self,
-        op: &'static str,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-    ) -> Result<u64, StoreError> {
-        let client = self.client(op).await?;
-        let statement = client.prepare_cached(sql).await.map_err(db_err(op))?;
-        client.execute(&statement, params).await.map_err(db_err(op))
-    }
-
-    /// Inserts a row with `sql` (an `INSERT ... ON CONFLICT DO NOTHING`);
-    /// [`StoreError::Duplicate`] naming `what` if it inserted nothing.
-    async fn insert_new(
-        &self,
-        op: &'static str,
-        sql: &str,
-        params: &[&(dyn ToSql + Sync)],
-        what: impl FnOnce() -> String,
-    ) -> Result<(), StoreError> {
-        match self.execute(op, sql, params).await? {
-            0 => Err(StoreError::Duplicate(what())),
-            _ => Ok(()),
-        }
-    }
-
     async fn write(&self, write: Write) -> Result<Outcome, StoreError> {
         self.writer.submit(write).await
     }
@@ -270,7 +155,7 @@ impl PostgresStore {
             };
         }
         let op = write.what();
-        let client = self.client(op).await?;
+        let client = self.pool.client(op).await?;
         let statement = client
             .prepare_cached(&write.sql())
             .await
@@ -288,31 +173,20 @@ impl PostgresStore {
     async fn set_once(&self, key: &str, value: &str) -> Result<String, StoreError> {
         let op = "read a log setting";
         // Read first: once set, the value never changes.
-        let rows = self.query(op, log::META, &[&key]).await?;
+        let rows = self.pool.query(op, log::META, &[&key]).await?;
         if let Some(existing) = log::decode_meta(&rows)? {
             return Ok(existing);
         }
-        self.execute("write a log setting", log::PROPOSE_META, &[&key, &value])
+        self.pool
+            .execute("write a log setting", log::PROPOSE_META, &[&key, &value])
             .await?;
-        let rows = self.query(op, log::META, &[&key]).await?;
+        let rows = self.pool.query(op, log::META, &[&key]).await?;
         log::decode_meta(&rows)?
             .ok_or_else(|| StoreError::Backend(format!("{op}: {key} is missing after being set")))
     }
 }
 
-impl Drop for PostgresStore {
-    fn drop(&mut self) {
-        // The listeners' tasks would otherwise keep their connections (and call into a
-        // feed) forever.
-        let listeners = match self.listeners.get_mut() {
-            Ok(listeners) => listeners,
-            Err(poisoned) => poisoned.into_inner(),
-        };
-        listeners.clear();
-    }
-}
-
-fn unexpected(op: &str) -> StoreError {
+pub(crate) fn unexpected(op: &str) -> StoreError {
     StoreError::Backend(format!("internal error: {op} got another write's result"))
 }
 
@@ -328,7 +202,10 @@ impl Store for PostgresStore {
     }
 
     async fn get_request(&self, id: &str) -> Result<Option<ApprovalRequest>, StoreError> {
-        let rows = self.query("read a request", requests::GET, &[&id]).await?;
+        let rows = self
+            .pool
+            .query("read a request", requests::GET, &[&id])
+            .await?;
         Ok(requests::decode_bodies(&rows)?.into_iter().next())
     }
 
@@ -354,7 +231,7 @@ impl Store for PostgresStore {
         let (sql, params) = requests::list_query(query);
         let params: Vec<&(dyn ToSql + Sync)> =
             params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
-        let rows = self.query("list requests", &sql, &params).await?;
+        let rows = self.pool.query("list requests", &sql, &params).await?;
         requests::decode_bodies(&rows)
     }
 
@@ -365,6 +242,7 @@ impl Store for PostgresStore {
     ) -> Result<Vec<ApprovalRequest>, StoreError> {
         let (now, limit) = requests::due_params(now, limit);
         let rows = self
+            .pool
             .query(
                 "find requests due for expiry",
                 requests::DUE_FOR_EXPIRY,
@@ -376,6 +254,7 @@ impl Store for PostgresStore {
 
     async fn next_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
         let row = self
+            .pool
             .query_one("find the next expiry", requests::NEXT_EXPIRY, &[])
             .await?;
         requests::decode_next_expiry(&row)
@@ -395,13 +274,17 @@ impl Store for PostgresStore {
 
     async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError> {
         let rows = self
+            .pool
             .query("read a token", &tokens::by_hash_sql(), &[&hash])
             .await?;
         Ok(tokens::decode_tokens(&rows)?.into_iter().next())
     }
 
     async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
-        let rows = self.query("list tokens", &tokens::list_sql(), &[]).await?;
+        let rows = self
+            .pool
+            .query("list tokens", &tokens::list_sql(), &[])
+            .await?;
         tokens::decode_tokens(&rows)
     }
 
@@ -421,6 +304,7 @@ impl Store for PostgresStore {
     async fn events_after(&self, after: u64, limit: usize) -> Result<Vec<StoredEvent>, StoreError> {
         let (after, limit) = events::after_params(after, limit);
         let rows = self
+            .pool
             .query("read events", events::AFTER, &[&after, &limit])
             .await?;
         events::decode_events(&rows)
@@ -428,6 +312,7 @@ impl Store for PostgresStore {
 
     async fn events_of_subject(&self, subject: &str) -> Result<Vec<StoredEvent>, StoreError> {
         let rows = self
+            .pool
             .query("read a subject's events", events::OF_SUBJECT, &[&subject])
             .await?;
         events::decode_events(&rows)
@@ -439,6 +324,7 @@ impl Store for PostgresStore {
             return Ok(BTreeMap::new());
         }
         let rows = self
+            .pool
             .query("read payloads", events::PAYLOADS, &[&wanted])
             .await?;
         events::decode_payloads(&rows)
@@ -449,16 +335,18 @@ impl Store for PostgresStore {
         if wanted.is_empty() {
             return Ok(0);
         }
-        self.execute(
-            "erase payloads",
-            "DELETE FROM payloads WHERE seq = ANY($1::bigint[])",
-            &[&wanted],
-        )
-        .await
+        self.pool
+            .execute(
+                "erase payloads",
+                "DELETE FROM payloads WHERE seq = ANY($1::bigint[])",
+                &[&wanted],
+            )
+            .await
     }
 
     async fn last_event_seq(&self) -> Result<u64, StoreError> {
         let row = self
+            .pool
             .query_one("read the last event number", events::LAST_SEQ, &[])
             .await?;
         events::decode_last_seq(&row)
@@ -470,13 +358,14 @@ impl Store for PostgresStore {
 
     async fn integrated_size(&self) -> Result<u64, StoreError> {
         let rows = self
+            .pool
             .query(
                 "read the integrated log size",
                 log::META,
                 &[&"integrated_size"],
             )
             .await?;
-        log::decode_size(log::decode_meta(&rows)?)
+        decode_integrated_size(log::decode_meta(&rows)?)
     }
 
     async fn integrate(
@@ -485,7 +374,7 @@ impl Store for PostgresStore {
         to: u64,
         nodes: &[(NodeId, Hash)],
     ) -> Result<bool, StoreError> {
-        let mut client = self.client("integrate log entries").await?;
+        let mut client = self.pool.client("integrate log entries").await?;
         log::integrate(&mut client, from, to, nodes).await
     }
 
@@ -495,6 +384,7 @@ impl Store for PostgresStore {
         }
         let (wanted, levels, indexes) = log::node_params(ids);
         let rows = self
+            .pool
             .query("read Merkle nodes", log::NODES, &[&levels, &indexes])
             .await?;
         log::decode_nodes(&wanted, &rows)
@@ -503,12 +393,13 @@ impl Store for PostgresStore {
     async fn add_checkpoint(&self, checkpoint: &StoredCheckpoint) -> Result<(), StoreError> {
         let size = to_sql_int(checkpoint.size);
         let at = checkpoint.created_at.millis();
-        self.query(
-            "store a checkpoint",
-            log::ADD_CHECKPOINT,
-            &[&size, &checkpoint.note, &at],
-        )
-        .await?;
+        self.pool
+            .query(
+                "store a checkpoint",
+                log::ADD_CHECKPOINT,
+                &[&size, &checkpoint.note, &at],
+            )
+            .await?;
         Ok(())
     }
 
@@ -516,16 +407,18 @@ impl Store for PostgresStore {
         let op = "read a checkpoint";
         let rows = match size {
             Some(size) => {
-                self.query(op, log::CHECKPOINT_OF_SIZE, &[&to_sql_int(size)])
+                self.pool
+                    .query(op, log::CHECKPOINT_OF_SIZE, &[&to_sql_int(size)])
                     .await?
             }
-            None => self.query(op, log::LATEST_CHECKPOINT, &[]).await?,
+            None => self.pool.query(op, log::LATEST_CHECKPOINT, &[]).await?,
         };
         Ok(log::decode_checkpoints(&rows)?.into_iter().next())
     }
 
     async fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, StoreError> {
         let rows = self
+            .pool
             .query("read checkpoints", log::CHECKPOINTS, &[])
             .await?;
         log::decode_checkpoints(&rows)
@@ -533,6 +426,7 @@ impl Store for PostgresStore {
 
     async fn doc_get(&self, kind: &str, id: &str) -> Result<Option<Doc>, StoreError> {
         let rows = self
+            .pool
             .query("read a document", &docs::get_sql(), &[&kind, &id])
             .await?;
         Ok(docs::decode_docs(&rows)?.into_iter().next())
@@ -540,6 +434,7 @@ impl Store for PostgresStore {
 
     async fn doc_by_key(&self, kind: &str, key: &str) -> Result<Option<Doc>, StoreError> {
         let rows = self
+            .pool
             .query("look up a document", &docs::by_key_sql(), &[&kind, &key])
             .await?;
         Ok(docs::decode_docs(&rows)?.into_iter().next())
@@ -555,15 +450,17 @@ impl Store for PostgresStore {
         let limit = to_sql_int(limit);
         let rows = match docs::prefix_end(id_prefix) {
             Some(end) => {
-                self.query(
-                    op,
-                    &docs::list_range_sql(),
-                    &[&kind, &id_prefix, &end, &limit],
-                )
-                .await?
+                self.pool
+                    .query(
+                        op,
+                        &docs::list_range_sql(),
+                        &[&kind, &id_prefix, &end, &limit],
+                    )
+                    .await?
             }
             None => {
-                self.query(op, &docs::list_open_sql(), &[&kind, &id_prefix, &limit])
+                self.pool
+                    .query(op, &docs::list_open_sql(), &[&kind, &id_prefix, &limit])
                     .await?
             }
         };
@@ -573,6 +470,7 @@ impl Store for PostgresStore {
     async fn doc_list_recent(&self, kind: &str, limit: usize) -> Result<Vec<Doc>, StoreError> {
         let limit = to_sql_int(limit);
         let rows = self
+            .pool
             .query(
                 "list recent documents",
                 &docs::list_recent_sql(),
@@ -594,6 +492,7 @@ impl Store for PostgresStore {
 
     async fn doc_delete(&self, kind: &str, id: &str) -> Result<bool, StoreError> {
         let deleted = self
+            .pool
             .execute("delete a document", docs::DELETE, &[&kind, &id])
             .await?;
         Ok(deleted > 0)
@@ -606,11 +505,13 @@ impl Store for PostgresStore {
         }
         match docs::prefix_end(id_prefix) {
             Some(end) => {
-                self.execute(op, docs::DELETE_RANGE, &[&kind, &id_prefix, &end])
+                self.pool
+                    .execute(op, docs::DELETE_RANGE, &[&kind, &id_prefix, &end])
                     .await
             }
             None => {
-                self.execute(op, docs::DELETE_OPEN, &[&kind, &id_prefix])
+                self.pool
+                    .execute(op, docs::DELETE_OPEN, &[&kind, &id_prefix])
                     .await
             }
         }
@@ -622,6 +523,7 @@ impl Store for PostgresStore {
 
     async fn meta_list(&self, prefix: &str) -> Result<Vec<(String, String)>, StoreError> {
         let rows = self
+            .pool
             .query("read settings", docs::META_PREFIX, &[&prefix])
             .await?;
         docs::decode_meta_list(&rows)
@@ -629,89 +531,31 @@ impl Store for PostgresStore {
 
     async fn import_request(&self, request: &ApprovalRequest) -> Result<(), StoreError> {
         let row = RequestRow::of(request)?;
-        self.insert_new("import a request", requests::IMPORT, &row.params(), || {
-            format!("request {}", row.id())
-        })
-        .await
+        self.pool
+            .insert_new("import a request", requests::IMPORT, &row.params(), || {
+                format!("request {}", row.id)
+            })
+            .await
     }
 
     async fn import_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
         let row = TokenRow::of(token);
-        self.insert_new(
-            "import a token",
-            &tokens::import_sql(),
-            &row.params(),
-            || format!("token {} (or its hash)", row.id()),
-        )
-        .await
+        self.pool
+            .insert_new(
+                "import a token",
+                &tokens::import_sql(),
+                &row.params(),
+                || format!("token {} (or its hash)", row.id),
+            )
+            .await
     }
 
-    /// Says what is wrong, in words: the server unreachable, the credentials or the
-    /// database refused, a read-only server, a missing or newer schema, or the log head
-    /// locked by another instance for longer than the lock timeout.
     async fn check(&self) -> Result<(), StoreError> {
-        let target = &self.target.name;
-        let client = self.pool.get().await.map_err(|e| match e {
-            deadpool_postgres::PoolError::Backend(err) => {
-                connect_err("check the database", target, &err)
-            }
-            other => pool_err("check the database", target, other),
-        })?;
-        drop(client);
-        let info = self.server_info().await?;
-        if info.in_recovery {
-            return Err(StoreError::Unavailable(format!(
-                "PostgreSQL at {target} is a read-only standby (in recovery); point \
-                 countersign at the primary"
-            )));
-        }
-        if info.read_only {
-            return Err(StoreError::Unavailable(format!(
-                "PostgreSQL at {target} only allows reads (default_transaction_read_only \
-                 is on for this user or database)"
-            )));
-        }
-        if info.schema_version == 0 {
-            return Err(StoreError::Backend(format!(
-                "PostgreSQL at {target} has no countersign tables in schema {:?}; run \
-                 `countersign migrate`",
-                info.schema
-            )));
-        }
-        if info.schema_version > SCHEMA_VERSION {
-            return Err(schema::newer(target, info.schema_version));
-        }
-        // Through the writer: its connection works, and it can take the log head lock
-        // (so no other instance holds it for longer than the lock timeout) and commit.
-        match self.write(Write::Check).await {
-            Ok(Outcome::Checked) => Ok(()),
-            Ok(_) => Err(unexpected("check")),
-            Err(err) => Err(StoreError::Unavailable(format!(
-                "PostgreSQL at {target} cannot be written: {err}"
-            ))),
-        }
+        self.health().await
     }
 
     async fn listen(&self, on_change: ChangeCallback) -> Result<(), StoreError> {
-        let (ready, first) = oneshot::channel();
-        let task = tokio::spawn(listener::run(self.target.clone(), on_change, ready));
-        let handle = AbortOnDrop(task);
-        match self.listeners.lock() {
-            Ok(mut listeners) => listeners.push(handle),
-            Err(poisoned) => poisoned.into_inner().push(handle),
-        }
-        // Wait until the first LISTEN is in place, so that a change committed after
-        // this returns is pushed. If it failed, the task keeps retrying and the feed's
-        // poll covers the gap.
-        match first.await {
-            Ok(Ok(())) => {}
-            Ok(Err(reason)) => tracing::warn!(
-                target = %self.target.name,
-                %reason,
-                "could not listen for changes yet; retrying in the background"
-            ),
-            Err(_) => tracing::warn!("the change listener stopped before it started"),
-        }
+        self.listeners.start(self.target.clone(), on_change).await;
         Ok(())
     }
 }

@@ -5,7 +5,7 @@
 //! A notification can be lost while the listener reconnects; it then pokes the feed
 //! once it is back, and the feed's poll covers the rest.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use countersign_store::ChangeCallback;
@@ -13,6 +13,7 @@ use tokio::sync::oneshot;
 use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::config::Target;
+use crate::connection::AbortOnDrop;
 use crate::error::describe;
 
 /// The channel every instance notifies and listens on. The payload is
@@ -22,10 +23,39 @@ pub(crate) const CHANNEL: &str = "countersign_events";
 const FIRST_RETRY: Duration = Duration::from_millis(100);
 const LAST_RETRY: Duration = Duration::from_secs(5);
 
+/// A store's listeners. Dropping it stops them at once: their tasks would otherwise
+/// keep their connections (and call into a feed) forever.
+#[derive(Default)]
+pub(crate) struct Listeners(Mutex<Vec<AbortOnDrop>>);
+
+impl Listeners {
+    /// Starts a listener that calls `on_change`, and waits until its first `LISTEN` is
+    /// in place, so that a change committed after this returns is pushed. If that
+    /// failed, the task keeps retrying and the feed's poll covers the gap.
+    pub(crate) async fn start(&self, target: Arc<Target>, on_change: ChangeCallback) {
+        let (ready, first) = oneshot::channel();
+        let task = tokio::spawn(run(target.clone(), on_change, ready));
+        let handle = AbortOnDrop(task);
+        match self.0.lock() {
+            Ok(mut listeners) => listeners.push(handle),
+            Err(poisoned) => poisoned.into_inner().push(handle),
+        }
+        match first.await {
+            Ok(Ok(())) => {}
+            Ok(Err(reason)) => tracing::warn!(
+                target = %target.name,
+                %reason,
+                "could not listen for changes yet; retrying in the background"
+            ),
+            Err(_) => tracing::warn!("the change listener stopped before it started"),
+        }
+    }
+}
+
 /// Runs until aborted: listens, calls `on_change` for each notification of this schema,
 /// reconnects with backoff when the connection drops. `ready` gets the outcome of the
 /// first attempt.
-pub(crate) async fn run(
+async fn run(
     target: Arc<Target>,
     on_change: ChangeCallback,
     ready: oneshot::Sender<Result<(), String>>,

@@ -14,9 +14,9 @@ use countersign_store::{StoreError, StoredCheckpoint};
 use deadpool_postgres::Object;
 use tokio_postgres::Row;
 
-use crate::error::{
-    Failure, classify, column_err, corrupt, db_err, describe, timestamp, to_sql_int, to_u64,
-};
+use countersign_store::rows::{corrupt, decode_checkpoint, decode_node, to_sql_int, to_u64};
+
+use crate::error::{Failure, classify, column_err, db_err, describe};
 
 pub(crate) const META: &str = "SELECT value FROM log_meta WHERE key = $1";
 /// Sets a setting unless it has a value already.
@@ -27,15 +27,6 @@ pub(crate) fn decode_meta(rows: &[Row]) -> Result<Option<String>, StoreError> {
     rows.first()
         .map(|row| row.try_get(0).map_err(column_err("a log setting")))
         .transpose()
-}
-
-pub(crate) fn decode_size(value: Option<String>) -> Result<u64, StoreError> {
-    match value {
-        None => Ok(0),
-        Some(text) => text
-            .parse()
-            .map_err(|e| corrupt("the integrated log size", e)),
-    }
 }
 
 pub(crate) async fn integrate(
@@ -130,12 +121,7 @@ pub(crate) fn decode_nodes(
             .try_get(1)
             .map_err(column_err("a Merkle node's index"))?;
         let hash: Vec<u8> = row.try_get(2).map_err(column_err("a Merkle node"))?;
-        let what = || format!("Merkle node {level}/{index}");
-        let level = u8::try_from(level).map_err(|_| corrupt(what(), "level out of range"))?;
-        let id = NodeId::new(level, to_u64(&what(), index)?);
-        let hash: Hash = hash
-            .try_into()
-            .map_err(|_| corrupt(what(), "not 32 bytes"))?;
+        let (id, hash) = decode_node(level.into(), index, hash)?;
         out.insert(id, hash);
     }
     if let Some(missing) = wanted.iter().find(|id| !out.contains_key(id)) {
@@ -162,11 +148,7 @@ pub(crate) fn decode_checkpoints(rows: &[Row]) -> Result<Vec<StoredCheckpoint>, 
             let size: i64 = row.try_get(0).map_err(&column)?;
             let note: String = row.try_get(1).map_err(&column)?;
             let at: i64 = row.try_get(2).map_err(&column)?;
-            Ok(StoredCheckpoint {
-                size: to_u64("a checkpoint's size", size)?,
-                note,
-                created_at: timestamp("a checkpoint's time", at)?,
-            })
+            decode_checkpoint(size, note, at)
         })
         .collect()
 }

@@ -1,54 +1,23 @@
 //! Approval requests: insert with idempotency, compare-and-swap transitions, and the
 //! queries the server and the expiry sweeper need.
 
-use countersign_core::{ApprovalRequest, SealedTransition, Timestamp};
+use countersign_core::{ApprovalRequest, Timestamp};
+use countersign_store::rows::{
+    RequestRow, TransitionRow, decode_request, request_filter, timestamp, to_sql_int,
+};
 use countersign_store::{RequestQuery, StoreError};
 use tokio_postgres::Row;
 use tokio_postgres::types::ToSql;
 
-use crate::error::{column_err, corrupt, encode_err, timestamp, to_sql_int};
-use crate::events::{EventRow, append_ctes, written_seq};
+use crate::error::column_err;
+use crate::events::{append_ctes, written_seq};
+use crate::params::{Param, Params};
 use crate::writer::{Decoded, Outcome};
 
-/// A request's columns, encoded on the caller's task rather than the writer's.
-pub(crate) struct RequestRow {
-    id: String,
-    version: i64,
-    status: &'static str,
-    requested_by: String,
-    idempotency_key: Option<String>,
-    requested_at: i64,
-    expires_at: i64,
-    body: String,
-}
-
-impl RequestRow {
-    pub(crate) fn of(request: &ApprovalRequest) -> Result<Self, StoreError> {
-        Ok(Self {
-            id: request.id.clone(),
-            version: i64::try_from(request.version).map_err(|_| {
-                StoreError::Backend(format!(
-                    "request {} has version {}, beyond what can be stored",
-                    request.id, request.version
-                ))
-            })?,
-            status: request.status.as_str(),
-            requested_by: request.requested_by.id.clone(),
-            idempotency_key: request.idempotency_key.clone(),
-            requested_at: request.requested_at.millis(),
-            expires_at: request.expires_at.millis(),
-            body: serde_json::to_string(request)
-                .map_err(|e| encode_err(&format!("request {}", request.id), e))?,
-        })
-    }
-
-    pub(crate) fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// The columns in the order of [`IMPORT`] (and of a transition's `$7`..`$14`).
-    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 8] {
-        [
+/// A request's columns in the order of [`IMPORT`] (and of a transition's `$7`..`$14`).
+impl Params for RequestRow {
+    fn params(&self) -> Vec<Param<'_>> {
+        vec![
             &self.id,
             &self.version,
             &self.status,
@@ -61,27 +30,11 @@ impl RequestRow {
     }
 }
 
-/// A transition ready to write: its event is `$1`..`$6`, the request `$7`..`$14`.
-pub(crate) struct TransitionRow {
-    request: RequestRow,
-    event: EventRow,
-}
-
-impl TransitionRow {
-    pub(crate) fn of(transition: &SealedTransition) -> Result<Self, StoreError> {
-        Ok(Self {
-            request: RequestRow::of(&transition.request)?,
-            event: EventRow::of(&transition.event)?,
-        })
-    }
-
-    pub(crate) fn id(&self) -> &str {
-        self.request.id()
-    }
-
-    pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
-        let mut params: Vec<&(dyn ToSql + Sync)> = self.event.params().to_vec();
-        params.extend_from_slice(&self.request.params());
+/// A transition: its event is `$1`..`$6`, the request `$7`..`$14`.
+impl Params for TransitionRow {
+    fn params(&self) -> Vec<Param<'_>> {
+        let mut params = self.event.params();
+        params.extend(self.request.params());
         params
     }
 }
@@ -127,7 +80,7 @@ pub(crate) fn decode_insert(row_id: &str, row: &Row) -> Decoded {
         Err(err) => Decoded::failed(err),
         Ok((Some(seq), _)) => Decoded::wrote(seq, Outcome::Created(Inserted::New)),
         Ok((None, Some(body))) => Decoded::unwritten(
-            decode(&body).map(|r| Outcome::Created(Inserted::Existing(Box::new(r)))),
+            decode_request(&body).map(|r| Outcome::Created(Inserted::Existing(Box::new(r)))),
         ),
         Ok((None, None)) => {
             Decoded::unwritten(Err(StoreError::Duplicate(format!("request {row_id}"))))
@@ -164,7 +117,7 @@ pub(crate) fn decode_apply(row_id: &str, row: &Row) -> Decoded {
     match result {
         Err(err) => Decoded::failed(err),
         Ok((Some(seq), _)) => Decoded::wrote(seq, Outcome::Applied),
-        Ok((None, Some(body))) => Decoded::unwritten(decode(&body).and_then(|current| {
+        Ok((None, Some(body))) => Decoded::unwritten(decode_request(&body).and_then(|current| {
             Err(StoreError::VersionConflict {
                 current: Box::new(current),
             })
@@ -188,27 +141,17 @@ pub(crate) const IMPORT: &str = "INSERT INTO requests
 /// The listing's SQL with only the filters asked for, so each shape can use its index,
 /// and its parameters.
 pub(crate) fn list_query(query: &RequestQuery) -> (String, Vec<Box<dyn ToSql + Sync + Send>>) {
-    let mut filters = Vec::new();
-    let mut params: Vec<Box<dyn ToSql + Sync + Send>> = Vec::new();
-    if let Some(status) = query.status {
-        params.push(Box::new(status.as_str()));
-        filters.push(format!("status = ${}", params.len()));
-    }
-    if let Some(requested_by) = &query.requested_by {
-        params.push(Box::new(requested_by.clone()));
-        filters.push(format!("requested_by = ${}", params.len()));
-    }
-    params.push(Box::new(to_sql_int(query.limit)));
-    let filter = if filters.is_empty() {
-        String::new()
-    } else {
-        format!("WHERE {}", filters.join(" AND "))
-    };
+    let (filter, values) = request_filter(query, |n| format!("${n}"));
     let sql = format!(
         "SELECT body::text FROM requests {filter}
          ORDER BY requested_at DESC, id DESC LIMIT ${}",
-        params.len()
+        values.len() + 1
     );
+    let mut params: Vec<Box<dyn ToSql + Sync + Send>> = Vec::with_capacity(values.len() + 1);
+    for value in values {
+        params.push(Box::new(value));
+    }
+    params.push(Box::new(to_sql_int(query.limit)));
     (sql, params)
 }
 
@@ -236,11 +179,7 @@ pub(crate) fn decode_bodies(rows: &[Row]) -> Result<Vec<ApprovalRequest>, StoreE
     rows.iter()
         .map(|row| {
             let body: String = row.try_get(0).map_err(column_err("a stored request"))?;
-            decode(&body)
+            decode_request(&body)
         })
         .collect()
-}
-
-fn decode(body: &str) -> Result<ApprovalRequest, StoreError> {
-    serde_json::from_str(body).map_err(|e| corrupt("a stored request", e))
 }

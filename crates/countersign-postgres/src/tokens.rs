@@ -1,45 +1,21 @@
 //! Bearer tokens, kept only as hashes.
 
-use countersign_core::{Role, Timestamp, TokenRecord};
+use countersign_core::{Timestamp, TokenRecord};
 use countersign_store::StoreError;
+use countersign_store::rows::{EventRow, TokenRow};
 use tokio_postgres::Row;
-use tokio_postgres::types::ToSql;
 
-use crate::error::{column_err, corrupt, timestamp};
-use crate::events::{EventRow, append_ctes, written_seq};
+use crate::error::column_err;
+use crate::events::{append_ctes, written_seq};
+use crate::params::{Param, Params};
 use crate::writer::{Decoded, Outcome};
 
 const COLUMNS: &str = "id, hash, name, role, created_at, revoked_at";
 
-/// A token's columns ([`COLUMNS`]).
-pub(crate) struct TokenRow {
-    id: String,
-    hash: String,
-    name: String,
-    role: &'static str,
-    created_at: i64,
-    revoked_at: Option<i64>,
-}
-
-impl TokenRow {
-    pub(crate) fn of(token: &TokenRecord) -> Self {
-        Self {
-            id: token.id.clone(),
-            hash: token.hash.clone(),
-            name: token.name.clone(),
-            role: token.role.as_str(),
-            created_at: token.created_at.millis(),
-            revoked_at: token.revoked_at.map(|t| t.millis()),
-        }
-    }
-
-    pub(crate) fn id(&self) -> &str {
-        &self.id
-    }
-
-    /// The columns in the order of [`COLUMNS`].
-    pub(crate) fn params(&self) -> [&(dyn ToSql + Sync); 6] {
-        [
+/// A token's columns in the order of [`COLUMNS`].
+impl Params for TokenRow {
+    fn params(&self) -> Vec<Param<'_>> {
+        vec![
             &self.id,
             &self.hash,
             &self.name,
@@ -64,9 +40,9 @@ impl NewToken {
         }
     }
 
-    pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
-        let mut params: Vec<&(dyn ToSql + Sync)> = self.event.params().to_vec();
-        params.extend_from_slice(&self.token.params());
+    pub(crate) fn params(&self) -> Vec<Param<'_>> {
+        let mut params = self.event.params();
+        params.extend(self.token.params());
         params
     }
 
@@ -81,12 +57,7 @@ impl NewToken {
         match result {
             Err(err) => Decoded::failed(err),
             Ok((Some(seq), _)) => Decoded::wrote(seq, Outcome::TokenCreated),
-            Ok((None, clash)) => Decoded::unwritten(Err(StoreError::Duplicate(match clash {
-                Some(existing) if existing != self.token.id => {
-                    format!("a token with the same hash ({existing})")
-                }
-                _ => format!("token {}", self.token.id),
-            }))),
+            Ok((None, clash)) => Decoded::unwritten(Err(self.token.duplicate(clash.as_deref()))),
         }
     }
 }
@@ -130,9 +101,9 @@ impl Revocation {
         }
     }
 
-    pub(crate) fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
-        let mut params: Vec<&(dyn ToSql + Sync)> = self.event.params().to_vec();
-        params.extend_from_slice(&[&self.id, &self.at_millis]);
+    pub(crate) fn params(&self) -> Vec<Param<'_>> {
+        let mut params = self.event.params();
+        params.extend([&self.id as Param<'_>, &self.at_millis]);
         params
     }
 
@@ -143,7 +114,7 @@ impl Revocation {
         };
         let token = match row.try_get::<_, Option<String>>(1) {
             Ok(None) => None,
-            Ok(Some(_)) => match RawToken::read(row, 1).and_then(RawToken::decode) {
+            Ok(Some(_)) => match read(row, 1).and_then(TokenRow::decode) {
                 Ok(token) => Some(token),
                 Err(err) => return Decoded::failed(err),
             },
@@ -217,43 +188,20 @@ pub(crate) fn list_sql() -> String {
 
 pub(crate) fn decode_tokens(rows: &[Row]) -> Result<Vec<TokenRecord>, StoreError> {
     rows.iter()
-        .map(|row| RawToken::read(row, 0).and_then(RawToken::decode))
+        .map(|row| read(row, 0).and_then(TokenRow::decode))
         .collect()
 }
 
-/// A row as stored, before its role and times are checked.
-struct RawToken {
-    id: String,
-    hash: String,
-    name: String,
-    role: String,
-    created_at: i64,
-    revoked_at: Option<i64>,
-}
-
-impl RawToken {
-    /// Reads [`COLUMNS`] starting at column `first`.
-    fn read(row: &Row, first: usize) -> Result<Self, StoreError> {
-        let column = column_err("a token");
-        Ok(Self {
-            id: row.try_get(first).map_err(&column)?,
-            hash: row.try_get(first + 1).map_err(&column)?,
-            name: row.try_get(first + 2).map_err(&column)?,
-            role: row.try_get(first + 3).map_err(&column)?,
-            created_at: row.try_get(first + 4).map_err(&column)?,
-            revoked_at: row.try_get(first + 5).map_err(&column)?,
-        })
-    }
-
-    fn decode(self) -> Result<TokenRecord, StoreError> {
-        let what = format!("token {}", self.id);
-        Ok(TokenRecord {
-            role: self.role.parse::<Role>().map_err(|e| corrupt(&what, e))?,
-            created_at: timestamp(&what, self.created_at)?,
-            revoked_at: self.revoked_at.map(|ms| timestamp(&what, ms)).transpose()?,
-            id: self.id,
-            hash: self.hash,
-            name: self.name,
-        })
-    }
+/// Reads [`COLUMNS`] starting at column `first`, before the role and the times are
+/// checked.
+fn read(row: &Row, first: usize) -> Result<TokenRow, StoreError> {
+    let column = column_err("a token");
+    Ok(TokenRow {
+        id: row.try_get(first).map_err(&column)?,
+        hash: row.try_get(first + 1).map_err(&column)?,
+        name: row.try_get(first + 2).map_err(&column)?,
+        role: row.try_get(first + 3).map_err(&column)?,
+        created_at: row.try_get(first + 4).map_err(&column)?,
+        revoked_at: row.try_get(first + 5).map_err(&column)?,
+    })
 }

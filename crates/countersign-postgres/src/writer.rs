@@ -6,8 +6,8 @@
 //! a statement numbers its event `max(seq) + 1`, which is gap-free, and commit order is
 //! sequence order. That lock makes one commit (a WAL flush, with the default
 //! `synchronous_commit = on`) per transaction the ceiling on throughput, so the task
-//! takes one write, drains whatever else is queued (up to [`MAX_BATCH`]) and runs them
-//! all in one transaction:
+//! takes one write, drains whatever else is queued (see `countersign_store::batch`) and
+//! runs them all in one transaction:
 //!
 //! 1. `BEGIN` and lock the head: one round trip.
 //! 2. Every write is a single statement (its change and its event, in data-modifying
@@ -29,26 +29,20 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use countersign_core::TokenRecord;
 use countersign_store::StoreError;
+use countersign_store::batch::{self, Batches, MAX_BATCH, Reply, WriteQueue};
+use countersign_store::rows::{EventRow, TransitionRow};
 use futures_util::future::join_all;
-use tokio::sync::{mpsc, oneshot};
-use tokio_postgres::types::ToSql;
 use tokio_postgres::{Client, Row, SimpleQueryMessage, Statement};
 
 use crate::config::Target;
 use crate::connection::connect;
 use crate::docs::{self, DocOp, DocWrite};
 use crate::error::{Failure, classify, connect_err, map};
-use crate::events::{self, EventRow};
+use crate::events;
 use crate::listener::CHANNEL;
-use crate::requests::{self, Inserted, TransitionRow};
+use crate::params::{Param, Params};
+use crate::requests::{self, Inserted};
 use crate::tokens::{self, NewToken, Revocation};
-
-/// The most writes one transaction carries: enough to amortize a commit over many,
-/// few enough that one batch never holds the log head for long.
-const MAX_BATCH: usize = 256;
-
-/// Writes waiting for the writer; callers beyond this wait to enqueue (backpressure).
-const QUEUE: usize = 4096;
 
 /// A write that appends an event (or, for `Check`, proves that one could).
 pub(crate) enum Write {
@@ -142,10 +136,10 @@ impl Write {
         }
     }
 
-    fn params(&self) -> Vec<&(dyn ToSql + Sync)> {
+    fn params(&self) -> Vec<Param<'_>> {
         match self {
             Write::CreateRequest(row) | Write::Apply(row) => row.params(),
-            Write::AppendEvent(event) => event.params().to_vec(),
+            Write::AppendEvent(event) => event.params(),
             Write::CreateToken(token) => token.params(),
             Write::RevokeToken(revocation) => revocation.params(),
             Write::Doc(doc) => doc.params(),
@@ -155,8 +149,8 @@ impl Write {
 
     fn decode(&self, row: &Row) -> Decoded {
         match self {
-            Write::CreateRequest(r) => requests::decode_insert(r.id(), row),
-            Write::Apply(r) => requests::decode_apply(r.id(), row),
+            Write::CreateRequest(r) => requests::decode_insert(&r.request.id, row),
+            Write::Apply(r) => requests::decode_apply(&r.request.id, row),
             Write::AppendEvent(_) => match events::written_seq(row) {
                 Ok(Some(seq)) => Decoded::wrote(seq, Outcome::Appended(seq)),
                 Ok(None) => Decoded::failed(StoreError::Backend(
@@ -280,23 +274,14 @@ pub struct WriterStats {
     pub queued: u64,
 }
 
-#[derive(Default)]
-struct Counters {
-    batches: AtomicU64,
-    jobs: AtomicU64,
-    largest_batch: AtomicU64,
-    split_batches: AtomicU64,
-}
-
 struct Job {
     write: Write,
-    reply: oneshot::Sender<Result<Outcome, StoreError>>,
+    reply: Reply<Outcome>,
 }
 
 pub(crate) struct Writer {
-    jobs: mpsc::Sender<Job>,
-    counters: Arc<Counters>,
-    target: String,
+    jobs: WriteQueue<Job>,
+    split_batches: Arc<AtomicU64>,
 }
 
 impl Writer {
@@ -304,71 +289,43 @@ impl Writer {
     /// connection is lost), and ends once the last handle is dropped and the queued
     /// writes are done.
     pub(crate) fn start(target: Target) -> Self {
-        let (tx, rx) = mpsc::channel(QUEUE);
-        let counters = Arc::new(Counters::default());
-        let name = target.name.clone();
-        tokio::spawn(run(target, rx, counters.clone()));
+        let (jobs, batches) = batch::queue(format!("the PostgreSQL writer for {}", target.name));
+        let split_batches = Arc::new(AtomicU64::new(0));
+        tokio::spawn(run(target, batches, split_batches.clone()));
         Self {
-            jobs: tx,
-            counters,
-            target: name,
+            jobs,
+            split_batches,
         }
     }
 
     /// Runs `write` in the next batch; returns its outcome once the batch committed.
     /// If the caller stops waiting, the write still happens.
     pub(crate) async fn submit(&self, write: Write) -> Result<Outcome, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.jobs
-            .send(Job { write, reply })
-            .await
-            .map_err(|_| self.stopped())?;
-        answer.await.map_err(|_| self.stopped())?
+        self.jobs.submit(|reply| Job { write, reply }).await
     }
 
     pub(crate) fn stats(&self) -> WriterStats {
+        let batches = self.jobs.stats();
         WriterStats {
-            batches: self.counters.batches.load(Ordering::Relaxed),
-            jobs: self.counters.jobs.load(Ordering::Relaxed),
-            largest_batch: self.counters.largest_batch.load(Ordering::Relaxed),
-            split_batches: self.counters.split_batches.load(Ordering::Relaxed),
-            queued: (self.jobs.max_capacity() - self.jobs.capacity()) as u64,
+            batches: batches.batches,
+            jobs: batches.jobs,
+            largest_batch: batches.largest_batch,
+            split_batches: self.split_batches.load(Ordering::Relaxed),
+            queued: batches.queued,
         }
-    }
-
-    fn stopped(&self) -> StoreError {
-        StoreError::Unavailable(format!(
-            "the PostgreSQL writer for {} has stopped",
-            self.target
-        ))
     }
 }
 
-async fn run(target: Target, mut queue: mpsc::Receiver<Job>, counters: Arc<Counters>) {
+async fn run(target: Target, mut batches: Batches<Job>, split_batches: Arc<AtomicU64>) {
     let mut session: Option<Session> = None;
     let mut batch: Vec<Job> = Vec::with_capacity(MAX_BATCH);
-    while let Some(first) = queue.recv().await {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        counters.batches.fetch_add(1, Ordering::Relaxed);
-        counters
-            .jobs
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        counters
-            .largest_batch
-            .fetch_max(batch.len() as u64, Ordering::Relaxed);
-
+    while batches.next(&mut batch).await {
         let writes: Vec<&Write> = batch.iter().map(|job| &job.write).collect();
         let results = match attempt(&target, &mut session, &writes).await {
             Ok(results) => results,
             Err(Failed::Job(err)) if writes.len() > 1 => {
                 tracing::debug!(%err, writes = writes.len(), "a batch failed; writing one by one");
-                counters.split_batches.fetch_add(1, Ordering::Relaxed);
+                split_batches.fetch_add(1, Ordering::Relaxed);
                 let mut results = Vec::with_capacity(writes.len());
                 // A failure that is not the write's own (the lock, the connection) would
                 // recur for every write left: they all get it rather than wait for it.
@@ -459,7 +416,7 @@ async fn transaction(
     }
 
     // 2. Every write's statement, sent together.
-    let params: Vec<Vec<&(dyn ToSql + Sync)>> = writes.iter().map(|w| w.params()).collect();
+    let params: Vec<Vec<Param<'_>>> = writes.iter().map(|w| w.params()).collect();
     let sent = writes.iter().zip(&params).map(|(write, params)| {
         session
             .client

@@ -1,67 +1,25 @@
 //! Small documents (accounts, sessions, invitations, settings, rooms) and one-time
-//! settings, plus the raw copies `migrate-data` needs.
+//! settings.
 
-use countersign_core::{ApprovalRequest, Timestamp, TokenRecord};
+use countersign_store::rows::{DocRow, EventRow, to_sql_int};
 use countersign_store::{Doc, StoreError};
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::error::{corrupt, db_err, encode_err, is_unique_violation, to_sql_int};
-use crate::events::{self, EventRow};
-
-/// A document ready to write, encoded on the caller's thread.
-pub(crate) struct DocRow {
-    kind: String,
-    id: String,
-    version: i64,
-    key: Option<String>,
-    body: String,
-    updated_at: i64,
-}
-
-impl DocRow {
-    pub(crate) fn of(doc: &Doc) -> Result<Self, StoreError> {
-        Ok(Self {
-            kind: doc.kind.clone(),
-            id: doc.id.clone(),
-            version: i64::try_from(doc.version).map_err(|_| {
-                StoreError::Backend(format!(
-                    "document {} has a version too large to store",
-                    doc.id
-                ))
-            })?,
-            key: doc.key.clone(),
-            body: serde_json::to_string(&doc.body).map_err(|e| encode_err("a document", e))?,
-            updated_at: doc.updated_at.millis(),
-        })
-    }
-}
+use crate::error::{db_err, is_unique_violation};
+use crate::events;
 
 const COLUMNS: &str = "kind, id, version, key, body, updated_at";
 
-fn decode(
-    row: &rusqlite::Row<'_>,
-) -> rusqlite::Result<(String, String, i64, Option<String>, String, i64)> {
-    Ok((
-        row.get(0)?,
-        row.get(1)?,
-        row.get(2)?,
-        row.get(3)?,
-        row.get(4)?,
-        row.get(5)?,
-    ))
-}
-
-fn to_doc(raw: (String, String, i64, Option<String>, String, i64)) -> Result<Doc, StoreError> {
-    let (kind, id, version, key, body, updated_at) = raw;
-    Ok(Doc {
-        body: serde_json::from_str(&body)
-            .map_err(|e| corrupt(format!("document {kind}/{id}"), e))?,
-        updated_at: Timestamp::from_millis(updated_at)
-            .ok_or_else(|| corrupt(format!("document {kind}/{id}"), "bad time"))?,
-        version: version.max(0) as u64,
+/// Reads [`COLUMNS`], before the version, the body and the time are checked.
+fn read(row: &rusqlite::Row<'_>) -> rusqlite::Result<DocRow> {
+    let (kind, id, version, key, body, updated_at) = row.try_into()?;
+    Ok(DocRow {
         kind,
         id,
+        version,
         key,
+        body,
+        updated_at,
     })
 }
 
@@ -69,9 +27,9 @@ pub(crate) fn get(conn: &Connection, kind: &str, id: &str) -> Result<Option<Doc>
     conn.prepare_cached(&format!(
         "SELECT {COLUMNS} FROM documents WHERE kind = ?1 AND id = ?2"
     ))
-    .and_then(|mut stmt| stmt.query_row(params![kind, id], decode).optional())
+    .and_then(|mut stmt| stmt.query_row(params![kind, id], read).optional())
     .map_err(db_err("read a document"))?
-    .map(to_doc)
+    .map(DocRow::decode)
     .transpose()
 }
 
@@ -79,9 +37,9 @@ pub(crate) fn by_key(conn: &Connection, kind: &str, key: &str) -> Result<Option<
     conn.prepare_cached(&format!(
         "SELECT {COLUMNS} FROM documents WHERE kind = ?1 AND key = ?2"
     ))
-    .and_then(|mut stmt| stmt.query_row(params![kind, key], decode).optional())
+    .and_then(|mut stmt| stmt.query_row(params![kind, key], read).optional())
     .map_err(db_err("look up a document"))?
-    .map(to_doc)
+    .map(DocRow::decode)
     .transpose()
 }
 
@@ -123,17 +81,10 @@ fn select(
         .prepare_cached(&format!("SELECT {COLUMNS} FROM documents {rest}"))
         .map_err(db_err(op))?;
     let rows = stmt
-        .query_map(params, decode)
+        .query_map(params, read)
         .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
         .map_err(db_err(op))?;
-    rows.into_iter().map(to_doc).collect()
-}
-
-fn duplicate(row: &DocRow) -> StoreError {
-    StoreError::Duplicate(match &row.key {
-        Some(key) => format!("a {} with id {} or key {key}", row.kind, row.id),
-        None => format!("a {} with id {}", row.kind, row.id),
-    })
+    rows.into_iter().map(DocRow::decode).collect()
 }
 
 pub(crate) fn insert(
@@ -156,7 +107,7 @@ pub(crate) fn insert(
     })
     .map_err(|e| {
         if is_unique_violation(&e) {
-            duplicate(row)
+            row.duplicate(None)
         } else {
             db_err("insert a document")(e)
         }
@@ -190,24 +141,15 @@ pub(crate) fn update(
         })
         .map_err(|e| {
             if is_unique_violation(&e) {
-                duplicate(row)
+                row.duplicate(None)
             } else {
                 db_err("update a document")(e)
             }
         })?;
     if changed == 0 {
         return Err(match get(conn, &row.kind, &row.id)? {
-            Some(current) => StoreError::Conflict(format!(
-                "{} {} (now version {}, not {})",
-                row.kind,
-                row.id,
-                current.version,
-                row.version - 1
-            )),
-            None => StoreError::NotFound {
-                what: "document",
-                id: format!("{}/{}", row.kind, row.id),
-            },
+            Some(current) => row.conflict(current.version),
+            None => row.not_found(),
         });
     }
     if let Some(event) = event {
@@ -265,60 +207,4 @@ pub(crate) fn meta_list(
     stmt.query_map(params![prefix], |r| Ok((r.get(0)?, r.get(1)?)))
         .and_then(|rows| rows.collect())
         .map_err(db_err("read settings"))
-}
-
-pub(crate) fn import_request(
-    conn: &Connection,
-    request: &ApprovalRequest,
-) -> Result<(), StoreError> {
-    let body = serde_json::to_string(request).map_err(|e| encode_err("a request", e))?;
-    conn.prepare_cached(
-        "INSERT INTO requests
-             (id, version, status, requested_by, idempotency_key, requested_at, expires_at, body)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8)",
-    )
-    .and_then(|mut stmt| {
-        stmt.execute(params![
-            request.id,
-            to_sql_int(request.version),
-            request.status.as_str(),
-            request.requested_by.id,
-            request.idempotency_key,
-            request.requested_at.millis(),
-            request.expires_at.millis(),
-            body
-        ])
-    })
-    .map_err(|e| {
-        if is_unique_violation(&e) {
-            StoreError::Duplicate(format!("request {}", request.id))
-        } else {
-            db_err("import a request")(e)
-        }
-    })?;
-    Ok(())
-}
-
-pub(crate) fn import_token(conn: &Connection, token: &TokenRecord) -> Result<(), StoreError> {
-    conn.prepare_cached(
-        "INSERT INTO tokens (id, hash, name, role, created_at, revoked_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )
-    .and_then(|mut stmt| {
-        stmt.execute(params![
-            token.id,
-            token.hash,
-            token.name,
-            token.role.as_str(),
-            token.created_at.millis(),
-            token.revoked_at.map(|t| t.millis())
-        ])
-    })
-    .map_err(|e| {
-        if is_unique_violation(&e) {
-            StoreError::Duplicate(format!("token {}", token.id))
-        } else {
-            db_err("import a token")(e)
-        }
-    })?;
-    Ok(())
 }

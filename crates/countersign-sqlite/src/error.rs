@@ -34,19 +34,3 @@ pub(crate) fn is_unique_violation(err: &rusqlite::Error) -> bool {
                 || e.extended_code == rusqlite::ffi::SQLITE_CONSTRAINT_PRIMARYKEY
     )
 }
-
-/// Stored JSON that does not decode: a bug or outside tampering, never retryable.
-pub(crate) fn corrupt(what: impl std::fmt::Display, err: impl std::fmt::Display) -> StoreError {
-    StoreError::Corrupt(format!("{what}: {err}"))
-}
-
-/// Values that cannot be encoded for storage.
-pub(crate) fn encode_err(what: &str, err: impl std::fmt::Display) -> StoreError {
-    StoreError::Backend(format!("could not encode {what}: {err}"))
-}
-
-/// Converts a count or sequence number to SQLite's integer, saturating (a limit or a
-/// cursor beyond i64 means "everything").
-pub(crate) fn to_sql_int(n: impl TryInto<i64>) -> i64 {
-    n.try_into().unwrap_or(i64::MAX)
-}

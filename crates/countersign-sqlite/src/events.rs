@@ -3,39 +3,12 @@
 
 use std::collections::BTreeMap;
 
-use countersign_core::{LogEntry, PayloadOpening, SealedEvent};
+use countersign_core::PayloadOpening;
+use countersign_store::rows::{EventRow, decode_event, decode_payload, to_sql_int, to_u64};
 use countersign_store::{StoreError, StoredEvent};
 use rusqlite::{Connection, params, params_from_iter};
 
-use crate::error::{corrupt, db_err, encode_err, to_sql_int};
-
-/// An event ready to insert, encoded on the caller's thread rather than the writer's.
-pub(crate) struct EventRow {
-    at: i64,
-    kind: &'static str,
-    subject: Option<String>,
-    bytes: Vec<u8>,
-    payload: Option<(String, String)>,
-}
-
-impl EventRow {
-    pub(crate) fn of(event: &SealedEvent) -> Result<Self, StoreError> {
-        let payload = match &event.payload {
-            Some(opening) => Some((
-                opening.salt.clone(),
-                serde_json::to_string(&opening.payload).map_err(|e| encode_err("a payload", e))?,
-            )),
-            None => None,
-        };
-        Ok(Self {
-            at: event.entry.at.millis(),
-            kind: event.entry.kind.as_str(),
-            subject: event.entry.subject.clone(),
-            bytes: event.bytes.clone(),
-            payload,
-        })
-    }
-}
+use crate::error::db_err;
 
 /// Appends `event` inside the writer's transaction and returns its sequence number.
 ///
@@ -56,12 +29,12 @@ pub(crate) fn append(conn: &Connection, event: &EventRow) -> Result<u64, StoreEr
             )
         })
         .map_err(db_err("append an event"))?;
-    if let Some((salt, payload)) = &event.payload {
+    if let Some((salt, payload)) = event.opening() {
         conn.prepare_cached("INSERT INTO payloads (seq, salt, payload) VALUES (?1, ?2, ?3)")
             .and_then(|mut stmt| stmt.execute(params![seq, salt, payload]))
             .map_err(db_err("store an event's payload"))?;
     }
-    Ok(seq.max(0) as u64)
+    to_u64("an appended event's number", seq)
 }
 
 fn decode_rows(
@@ -76,13 +49,7 @@ fn decode_rows(
     let mut events = Vec::new();
     for row in rows {
         let (seq, bytes) = row.map_err(db_err("read events"))?;
-        let entry: LogEntry =
-            serde_json::from_slice(&bytes).map_err(|e| corrupt(format!("log entry {seq}"), e))?;
-        events.push(StoredEvent {
-            seq: seq.max(0) as u64,
-            entry,
-            bytes,
-        });
+        events.push(decode_event(seq, bytes)?);
     }
     Ok(events)
 }
@@ -128,9 +95,8 @@ pub(crate) fn payloads(
             .map_err(db_err("read payloads"))?;
         for row in rows {
             let (seq, salt, payload) = row.map_err(db_err("read payloads"))?;
-            let payload =
-                serde_json::from_str(&payload).map_err(|e| corrupt(format!("payload {seq}"), e))?;
-            out.insert(seq.max(0) as u64, PayloadOpening { salt, payload });
+            let (seq, opening) = decode_payload(seq, salt, &payload)?;
+            out.insert(seq, opening);
         }
     }
     Ok(out)
@@ -154,5 +120,5 @@ pub(crate) fn last_seq(conn: &Connection) -> Result<u64, StoreError> {
         .prepare_cached("SELECT max(seq) FROM events")
         .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
         .map_err(db_err("read the last event number"))?;
-    Ok(seq.unwrap_or(0).max(0) as u64)
+    to_u64("the number of the newest event", seq.unwrap_or(0))
 }

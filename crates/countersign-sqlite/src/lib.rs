@@ -8,6 +8,8 @@
 //! - Writes take SQLite's write lock up front (`BEGIN IMMEDIATE`) and wait for other
 //!   processes through a busy timeout rather than failing.
 //! - Reads run on a small pool of read-only connections (`readers.rs`).
+//! - Rows are encoded and decoded by `countersign_store::rows`, as for every backend;
+//!   what is SQLite's is the SQL and the parameter binding.
 
 mod docs;
 mod error;
@@ -31,14 +33,14 @@ use countersign_core::merkle::{Hash, NodeId};
 use countersign_core::{
     ApprovalRequest, PayloadOpening, SealedEvent, SealedTransition, Timestamp, TokenRecord,
 };
+use countersign_store::rows::{DocRow, EventRow, RequestRow, TokenRow, TransitionRow};
 use countersign_store::{
     Created, Doc, RequestQuery, Store, StoreError, StoredCheckpoint, StoredEvent,
 };
 
 use crate::error::db_err;
-use crate::events::EventRow;
 use crate::readers::Readers;
-use crate::requests::{Inserted, TransitionRow};
+use crate::requests::Inserted;
 use crate::writer::Writer;
 
 pub use crate::schema::SCHEMA_VERSION;
@@ -203,7 +205,7 @@ impl Store for SqliteStore {
         token: &TokenRecord,
         event: &SealedEvent,
     ) -> Result<(), StoreError> {
-        let token = token.clone();
+        let token = TokenRow::of(token);
         let event = EventRow::of(event)?;
         self.writer
             .submit(move |conn| tokens::insert(conn, &token, &event))
@@ -359,7 +361,7 @@ impl Store for SqliteStore {
     }
 
     async fn doc_insert(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<(), StoreError> {
-        let row = docs::DocRow::of(doc)?;
+        let row = DocRow::of(doc)?;
         let event = event.map(EventRow::of).transpose()?;
         self.writer
             .submit(move |conn| docs::insert(conn, &row, event.as_ref()))
@@ -367,7 +369,7 @@ impl Store for SqliteStore {
     }
 
     async fn doc_update(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<(), StoreError> {
-        let row = docs::DocRow::of(doc)?;
+        let row = DocRow::of(doc)?;
         let event = event.map(EventRow::of).transpose()?;
         self.writer
             .submit(move |conn| docs::update(conn, &row, event.as_ref()))
@@ -403,16 +405,16 @@ impl Store for SqliteStore {
     }
 
     async fn import_request(&self, request: &ApprovalRequest) -> Result<(), StoreError> {
-        let request = request.clone();
+        let row = RequestRow::of(request)?;
         self.writer
-            .submit(move |conn| docs::import_request(conn, &request))
+            .submit(move |conn| requests::import(conn, &row))
             .await
     }
 
     async fn import_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
-        let token = token.clone();
+        let row = TokenRow::of(token);
         self.writer
-            .submit(move |conn| docs::import_token(conn, &token))
+            .submit(move |conn| tokens::import(conn, &row))
             .await
     }
 

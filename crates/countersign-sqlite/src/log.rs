@@ -6,12 +6,12 @@
 
 use std::collections::BTreeMap;
 
-use countersign_core::Timestamp;
 use countersign_core::merkle::{Hash, NodeId};
+use countersign_store::rows::{decode_checkpoint, decode_integrated_size, node_hash, to_sql_int};
 use countersign_store::{StoreError, StoredCheckpoint};
 use rusqlite::{Connection, OptionalExtension, params};
 
-use crate::error::{corrupt, db_err, to_sql_int};
+use crate::error::db_err;
 
 pub(crate) fn meta(conn: &Connection, key: &str) -> Result<Option<String>, StoreError> {
     conn.prepare_cached("SELECT value FROM log_meta WHERE key = ?1")
@@ -40,12 +40,7 @@ pub(crate) fn origin(conn: &Connection, proposed: &str) -> Result<String, StoreE
 }
 
 pub(crate) fn integrated_size(conn: &Connection) -> Result<u64, StoreError> {
-    match meta(conn, "integrated_size")? {
-        None => Ok(0),
-        Some(text) => text
-            .parse()
-            .map_err(|e| corrupt("the integrated log size", e)),
-    }
+    decode_integrated_size(meta(conn, "integrated_size")?)
 }
 
 pub(crate) fn integrate(
@@ -110,13 +105,7 @@ pub(crate) fn nodes(
             what: "Merkle node",
             id: format!("{}/{}", id.level, id.index),
         })?;
-        let hash: Hash = hash.try_into().map_err(|_| {
-            corrupt(
-                format!("Merkle node {}/{}", id.level, id.index),
-                "not 32 bytes",
-            )
-        })?;
-        out.insert(*id, hash);
+        out.insert(*id, node_hash(*id, hash)?);
     }
     Ok(out)
 }
@@ -138,15 +127,6 @@ pub(crate) fn add_checkpoint(
     })
     .map_err(db_err("store a checkpoint"))?;
     Ok(())
-}
-
-fn decode_checkpoint(size: i64, note: String, at: i64) -> Result<StoredCheckpoint, StoreError> {
-    Ok(StoredCheckpoint {
-        size: size.max(0) as u64,
-        note,
-        created_at: Timestamp::from_millis(at)
-            .ok_or_else(|| corrupt("a checkpoint's time", format!("{at} is not a time")))?,
-    })
 }
 
 pub(crate) fn checkpoint(

@@ -1,49 +1,17 @@
-//! Approval requests: insert with idempotency, compare-and-swap transitions, and the
-//! queries the server and the expiry sweeper need.
+//! Approval requests: insert with idempotency, compare-and-swap transitions, the
+//! queries the server and the expiry sweeper need, and the raw copies `migrate-data`
+//! needs.
 
-use countersign_core::{ApprovalRequest, SealedTransition, Status, Timestamp};
+use countersign_core::{ApprovalRequest, Status, Timestamp};
+use countersign_store::rows::{
+    RequestRow, TransitionRow, decode_request, request_filter, timestamp, to_sql_int,
+};
 use countersign_store::{RequestQuery, StoreError};
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, params, params_from_iter};
 
-use crate::error::{corrupt, db_err, encode_err, is_unique_violation, to_sql_int};
-use crate::events::{self, EventRow};
-
-/// A transition ready to write, encoded on the caller's thread rather than the writer's.
-pub(crate) struct TransitionRow {
-    id: String,
-    version: i64,
-    status: &'static str,
-    requested_by: String,
-    idempotency_key: Option<String>,
-    requested_at: i64,
-    expires_at: i64,
-    body: String,
-    event: EventRow,
-}
-
-impl TransitionRow {
-    pub(crate) fn of(transition: &SealedTransition) -> Result<Self, StoreError> {
-        let request = &transition.request;
-        Ok(Self {
-            id: request.id.clone(),
-            version: i64::try_from(request.version).map_err(|_| {
-                StoreError::Backend(format!(
-                    "request {} has version {}, beyond what can be stored",
-                    request.id, request.version
-                ))
-            })?,
-            status: request.status.as_str(),
-            requested_by: request.requested_by.id.clone(),
-            idempotency_key: request.idempotency_key.clone(),
-            requested_at: request.requested_at.millis(),
-            expires_at: request.expires_at.millis(),
-            body: serde_json::to_string(request)
-                .map_err(|e| encode_err(&format!("request {}", request.id), e))?,
-            event: EventRow::of(&transition.event)?,
-        })
-    }
-}
+use crate::error::{db_err, is_unique_violation};
+use crate::events;
 
 /// What `insert` did.
 pub(crate) enum Inserted {
@@ -55,20 +23,32 @@ pub(crate) enum Inserted {
 /// idempotency key. Runs in the writer's transaction, so the lookup and the insert cannot
 /// be split by another writer, in this process or another.
 pub(crate) fn insert(conn: &Connection, row: &TransitionRow) -> Result<Inserted, StoreError> {
-    if let Some(key) = &row.idempotency_key {
+    let request = &row.request;
+    if let Some(key) = &request.idempotency_key {
         let existing: Option<String> = conn
             .prepare_cached(
                 "SELECT body FROM requests WHERE requested_by = ?1 AND idempotency_key = ?2",
             )
             .and_then(|mut stmt| {
-                stmt.query_row(params![row.requested_by, key], |r| r.get(0))
+                stmt.query_row(params![request.requested_by, key], |r| r.get(0))
                     .optional()
             })
             .map_err(db_err("look up an idempotency key"))?;
         if let Some(body) = existing {
-            return decode(&body).map(|r| Inserted::Existing(Box::new(r)));
+            return decode_request(&body).map(|r| Inserted::Existing(Box::new(r)));
         }
     }
+    insert_row(conn, request, "insert a request")?;
+    events::append(conn, &row.event)?;
+    Ok(Inserted::New)
+}
+
+/// Copies a request as it is, with no event (for `migrate-data`).
+pub(crate) fn import(conn: &Connection, request: &RequestRow) -> Result<(), StoreError> {
+    insert_row(conn, request, "import a request")
+}
+
+fn insert_row(conn: &Connection, row: &RequestRow, op: &'static str) -> Result<(), StoreError> {
     conn.prepare_cached(
         "INSERT INTO requests
              (id, version, status, requested_by, idempotency_key, requested_at, expires_at, body)
@@ -90,15 +70,15 @@ pub(crate) fn insert(conn: &Connection, row: &TransitionRow) -> Result<Inserted,
         if is_unique_violation(&e) {
             StoreError::Duplicate(format!("request {}", row.id))
         } else {
-            db_err("insert a request")(e)
+            db_err(op)(e)
         }
     })?;
-    events::append(conn, &row.event)?;
-    Ok(Inserted::New)
+    Ok(())
 }
 
 /// Stores the transition if the stored version is exactly one less, with its event.
-pub(crate) fn apply(conn: &Connection, row: &TransitionRow) -> Result<(), StoreError> {
+pub(crate) fn apply(conn: &Connection, transition: &TransitionRow) -> Result<(), StoreError> {
+    let row = &transition.request;
     let changed = conn
         .prepare_cached(
             "UPDATE requests
@@ -131,7 +111,7 @@ pub(crate) fn apply(conn: &Connection, row: &TransitionRow) -> Result<(), StoreE
             },
         });
     }
-    events::append(conn, &row.event)?;
+    events::append(conn, &transition.event)?;
     Ok(())
 }
 
@@ -140,35 +120,23 @@ pub(crate) fn get(conn: &Connection, id: &str) -> Result<Option<ApprovalRequest>
         .prepare_cached("SELECT body FROM requests WHERE id = ?1")
         .and_then(|mut stmt| stmt.query_row([id], |r| r.get(0)).optional())
         .map_err(db_err("read a request"))?;
-    body.as_deref().map(decode).transpose()
+    body.as_deref().map(decode_request).transpose()
 }
 
 pub(crate) fn list(
     conn: &Connection,
     query: &RequestQuery,
 ) -> Result<Vec<ApprovalRequest>, StoreError> {
-    // Only the filters asked for go into the SQL, so each shape can use its index.
-    let mut filters = Vec::new();
-    let mut values = Vec::new();
-    if let Some(status) = query.status {
-        values.push(Value::Text(status.as_str().to_string()));
-        filters.push(format!("status = ?{}", values.len()));
-    }
-    if let Some(requested_by) = &query.requested_by {
-        values.push(Value::Text(requested_by.clone()));
-        filters.push(format!("requested_by = ?{}", values.len()));
-    }
-    values.push(Value::Integer(to_sql_int(query.limit)));
-    let filter = if filters.is_empty() {
-        String::new()
-    } else {
-        format!("WHERE {}", filters.join(" AND "))
-    };
+    let (filter, values) = request_filter(query, |n| format!("?{n}"));
     let sql = format!(
         "SELECT body FROM requests {filter}
          ORDER BY requested_at DESC, id DESC LIMIT ?{}",
-        values.len()
+        values.len() + 1
     );
+    let values = values
+        .into_iter()
+        .map(Value::Text)
+        .chain([Value::Integer(to_sql_int(query.limit))]);
     query_bodies(conn, &sql, params_from_iter(values), "list requests")
 }
 
@@ -193,10 +161,7 @@ pub(crate) fn next_expiry(conn: &Connection) -> Result<Option<Timestamp>, StoreE
         .and_then(|mut stmt| stmt.query_row([Status::Pending.as_str()], |r| r.get(0)))
         .map_err(db_err("find the next expiry"))?;
     millis
-        .map(|ms| {
-            Timestamp::from_millis(ms)
-                .ok_or_else(|| corrupt("a request's expiry", format!("{ms} is not a time")))
-        })
+        .map(|ms| timestamp("a request's expiry", ms))
         .transpose()
 }
 
@@ -211,9 +176,5 @@ fn query_bodies(
         .query_map(params, |r| r.get::<_, String>(0))
         .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
         .map_err(db_err(op))?;
-    bodies.iter().map(|body| decode(body)).collect()
-}
-
-fn decode(body: &str) -> Result<ApprovalRequest, StoreError> {
-    serde_json::from_str(body).map_err(|e| corrupt("a stored request", e))
+    bodies.iter().map(|body| decode_request(body)).collect()
 }

@@ -1,17 +1,18 @@
-//! Bearer tokens, kept only as hashes.
+//! Bearer tokens, kept only as hashes, and their raw copies for `migrate-data`.
 
-use countersign_core::{Role, Timestamp, TokenRecord};
+use countersign_core::{Timestamp, TokenRecord};
 use countersign_store::StoreError;
+use countersign_store::rows::{EventRow, TokenRow};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
-use crate::error::{corrupt, db_err, is_unique_violation};
-use crate::events::{self, EventRow};
+use crate::error::{db_err, is_unique_violation};
+use crate::events;
 
 const COLUMNS: &str = "id, hash, name, role, created_at, revoked_at";
 
 pub(crate) fn insert(
     conn: &Connection,
-    token: &TokenRecord,
+    token: &TokenRow,
     event: &EventRow,
 ) -> Result<(), StoreError> {
     // Checked first for a precise message; the constraints below are the guarantee.
@@ -22,35 +23,40 @@ pub(crate) fn insert(
                 .optional()
         })
         .map_err(db_err("look up a token"))?;
-    if let Some(existing) = clash {
-        return Err(StoreError::Duplicate(if existing == token.id {
-            format!("token {}", token.id)
-        } else {
-            format!("a token with the same hash ({existing})")
-        }));
+    if clash.is_some() {
+        return Err(token.duplicate(clash.as_deref()));
     }
-    conn.prepare_cached(
-        "INSERT INTO tokens (id, hash, name, role, created_at, revoked_at)
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-    )
+    insert_row(conn, token, "insert a token")?;
+    events::append(conn, event)?;
+    Ok(())
+}
+
+/// Copies a token as it is, with no event (for `migrate-data`).
+pub(crate) fn import(conn: &Connection, token: &TokenRow) -> Result<(), StoreError> {
+    insert_row(conn, token, "import a token")
+}
+
+fn insert_row(conn: &Connection, token: &TokenRow, op: &'static str) -> Result<(), StoreError> {
+    conn.prepare_cached(&format!(
+        "INSERT INTO tokens ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+    ))
     .and_then(|mut stmt| {
         stmt.execute(params![
             token.id,
             token.hash,
             token.name,
-            token.role.as_str(),
-            token.created_at.millis(),
-            token.revoked_at.map(|t| t.millis()),
+            token.role,
+            token.created_at,
+            token.revoked_at,
         ])
     })
     .map_err(|e| {
         if is_unique_violation(&e) {
-            StoreError::Duplicate(format!("token {}", token.id))
+            token.duplicate(None)
         } else {
-            db_err("insert a token")(e)
+            db_err(op)(e)
         }
     })?;
-    events::append(conn, event)?;
     Ok(())
 }
 
@@ -91,54 +97,29 @@ pub(crate) fn list(conn: &Connection) -> Result<Vec<TokenRecord>, StoreError> {
         ))
         .map_err(db_err("list tokens"))?;
     let rows = stmt
-        .query_map([], RawToken::read)
+        .query_map([], read)
         .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
         .map_err(db_err("list tokens"))?;
-    rows.into_iter().map(RawToken::decode).collect()
+    rows.into_iter().map(TokenRow::decode).collect()
 }
 
 fn by(conn: &Connection, column: &str, value: &str) -> Result<Option<TokenRecord>, StoreError> {
     conn.prepare_cached(&format!("SELECT {COLUMNS} FROM tokens WHERE {column} = ?1"))
-        .and_then(|mut stmt| stmt.query_row([value], RawToken::read).optional())
+        .and_then(|mut stmt| stmt.query_row([value], read).optional())
         .map_err(db_err("read a token"))?
-        .map(RawToken::decode)
+        .map(TokenRow::decode)
         .transpose()
 }
 
-/// A row as stored, before its role and times are checked.
-struct RawToken {
-    id: String,
-    hash: String,
-    name: String,
-    role: String,
-    created_at: i64,
-    revoked_at: Option<i64>,
-}
-
-impl RawToken {
-    fn read(row: &Row<'_>) -> rusqlite::Result<Self> {
-        Ok(Self {
-            id: row.get(0)?,
-            hash: row.get(1)?,
-            name: row.get(2)?,
-            role: row.get(3)?,
-            created_at: row.get(4)?,
-            revoked_at: row.get(5)?,
-        })
-    }
-
-    fn decode(self) -> Result<TokenRecord, StoreError> {
-        let what = || format!("token {}", self.id);
-        let time = |ms: i64| {
-            Timestamp::from_millis(ms).ok_or_else(|| corrupt(what(), format!("{ms} is not a time")))
-        };
-        Ok(TokenRecord {
-            role: self.role.parse::<Role>().map_err(|e| corrupt(what(), e))?,
-            created_at: time(self.created_at)?,
-            revoked_at: self.revoked_at.map(time).transpose()?,
-            id: self.id,
-            hash: self.hash,
-            name: self.name,
-        })
-    }
+/// Reads [`COLUMNS`], before the role and the times are checked.
+fn read(row: &Row<'_>) -> rusqlite::Result<TokenRow> {
+    let (id, hash, name, role, created_at, revoked_at) = row.try_into()?;
+    Ok(TokenRow {
+        id,
+        hash,
+        name,
+        role,
+        created_at,
+        revoked_at,
+    })
 }

@@ -1,9 +1,9 @@
 //! The writer: one thread owns the only write connection and commits jobs in groups.
 //!
 //! With `synchronous = FULL` each commit costs an fsync, which caps a one-commit-per-write
-//! design at the disk's fsync rate (often a few hundred a second). So the thread takes one job, drains whatever
-//! else is queued (up to [`MAX_BATCH`]), and runs them all in one `BEGIN IMMEDIATE …
-//! COMMIT`, each inside its own savepoint: a job that fails rolls back to its savepoint
+//! design at the disk's fsync rate (often a few hundred a second). So the thread takes
+//! one job, drains whatever else is queued (see `countersign_store::batch`), and runs
+//! them all in one `BEGIN IMMEDIATE … COMMIT`, each inside its own savepoint: a job that fails rolls back to its savepoint
 //! and gets its own error while the others still commit. Replies are sent only after the
 //! COMMIT, so an `Ok` always means durable; if the COMMIT fails, every job in the batch
 //! gets an error.
@@ -16,22 +16,13 @@
 //! process can be made to abort, chosen by `COUNTERSIGN_TEST_FAILPOINT`; see
 //! the `failpoints` module. Without the feature they compile to nothing.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
 
 use countersign_store::StoreError;
+use countersign_store::batch::{self, BatchStats, Batches, MAX_BATCH, Reply, WriteQueue};
 use rusqlite::Connection;
-use tokio::sync::{mpsc, oneshot};
 
 use crate::error::db_err;
-
-/// The most jobs one transaction carries: enough to amortize an fsync over many writes,
-/// few enough that one batch never holds the write lock for long.
-const MAX_BATCH: usize = 256;
-
-/// Jobs waiting for the writer; callers beyond this wait to enqueue (backpressure).
-const QUEUE: usize = 4096;
 
 /// Marks a fail point: with the `failpoints` feature, the process may abort here (see
 /// the `failpoints` module); without it, nothing at all.
@@ -183,7 +174,7 @@ trait WriteJob: Send {
 struct Pending<T, F> {
     work: Option<F>,
     result: Option<Result<T, StoreError>>,
-    reply: oneshot::Sender<Result<T, StoreError>>,
+    reply: Reply<T>,
 }
 
 impl<T, F> WriteJob for Pending<T, F>
@@ -218,48 +209,24 @@ where
 }
 
 /// Counters for tests, benchmarks and health output.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct WriterStats {
-    /// Transactions attempted (one per batch).
-    pub batches: u64,
-    /// Jobs run, successful or not.
-    pub jobs: u64,
-    /// The most jobs one transaction carried.
-    pub largest_batch: u64,
-    /// Jobs waiting for the writer right now.
-    pub queued: u64,
-}
-
-#[derive(Default)]
-struct Counters {
-    batches: AtomicU64,
-    jobs: AtomicU64,
-    largest_batch: AtomicU64,
-}
+pub type WriterStats = BatchStats;
 
 pub(crate) struct Writer {
-    jobs: mpsc::Sender<Box<dyn WriteJob>>,
-    counters: Arc<Counters>,
-    path: PathBuf,
+    jobs: WriteQueue<Box<dyn WriteJob>>,
 }
 
 impl Writer {
     /// Starts the writer thread, which owns `conn` until the last `Writer` handle drops.
     pub(crate) fn start(conn: Connection, path: &Path) -> Result<Self, StoreError> {
-        let (tx, rx) = mpsc::channel(QUEUE);
-        let counters = Arc::new(Counters::default());
-        let thread_counters = counters.clone();
+        let (jobs, batches) =
+            batch::queue(format!("the SQLite writer thread for {}", path.display()));
         std::thread::Builder::new()
             .name("countersign-sqlite-writer".into())
-            .spawn(move || run(conn, rx, &thread_counters))
+            .spawn(move || run(conn, batches))
             .map_err(|e| {
                 StoreError::Backend(format!("could not start the SQLite writer thread: {e}"))
             })?;
-        Ok(Self {
-            jobs: tx,
-            counters,
-            path: path.to_path_buf(),
-        })
+        Ok(Self { jobs })
     }
 
     /// Runs `work` in the next batch and returns its result once the batch committed.
@@ -269,57 +236,35 @@ impl Writer {
         T: Send + 'static,
         F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
-        let (reply, answer) = oneshot::channel();
-        let job = Box::new(Pending {
-            work: Some(work),
-            result: None,
-            reply,
-        });
-        self.jobs.send(job).await.map_err(|_| self.stopped())?;
-        answer.await.map_err(|_| self.stopped())?
+        self.jobs
+            .submit(|reply| -> Box<dyn WriteJob> {
+                Box::new(Pending {
+                    work: Some(work),
+                    result: None,
+                    reply,
+                })
+            })
+            .await
     }
 
     /// Whether the writer thread is still taking jobs.
     pub(crate) fn is_running(&self) -> bool {
-        !self.jobs.is_closed()
+        self.jobs.is_running()
     }
 
     pub(crate) fn stats(&self) -> WriterStats {
-        WriterStats {
-            batches: self.counters.batches.load(Ordering::Relaxed),
-            jobs: self.counters.jobs.load(Ordering::Relaxed),
-            largest_batch: self.counters.largest_batch.load(Ordering::Relaxed),
-            queued: (self.jobs.max_capacity() - self.jobs.capacity()) as u64,
-        }
+        self.jobs.stats()
     }
 
     pub(crate) fn stopped(&self) -> StoreError {
-        StoreError::Unavailable(format!(
-            "the SQLite writer thread for {} has stopped",
-            self.path.display()
-        ))
+        self.jobs.stopped()
     }
 }
 
-fn run(conn: Connection, mut queue: mpsc::Receiver<Box<dyn WriteJob>>, counters: &Counters) {
+fn run(conn: Connection, mut batches: Batches<Box<dyn WriteJob>>) {
     let mut batch: Vec<Box<dyn WriteJob>> = Vec::with_capacity(MAX_BATCH);
     // Ends when every sender is gone, i.e. the store was dropped; queued jobs finish first.
-    while let Some(first) = queue.blocking_recv() {
-        batch.push(first);
-        while batch.len() < MAX_BATCH {
-            match queue.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
-            }
-        }
-        counters.batches.fetch_add(1, Ordering::Relaxed);
-        counters
-            .jobs
-            .fetch_add(batch.len() as u64, Ordering::Relaxed);
-        counters
-            .largest_batch
-            .fetch_max(batch.len() as u64, Ordering::Relaxed);
-
+    while batches.blocking_next(&mut batch) {
         let committed = commit_batch(&conn, &mut batch);
         if let Err(err) = &committed {
             tracing::warn!(%err, jobs = batch.len(), "a write batch did not commit");
@@ -370,6 +315,7 @@ fn run_in_savepoint(conn: &Connection, job: &mut dyn WriteJob) -> Result<(), Sto
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use super::*;

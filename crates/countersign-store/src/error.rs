@@ -1,3 +1,6 @@
+//! The one error type of every store operation, whatever the backend, so that callers
+//! can tell a lost race or a retryable outage from a bug without knowing the database.
+
 use countersign_core::ApprovalRequest;
 
 /// Cloneable so that one failure (a commit that did not happen) can be reported to every

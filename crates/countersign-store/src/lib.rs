@@ -7,9 +7,11 @@
 //! a gap-free, increasing sequence number; the change feed and the transparency log are
 //! built on that order.
 
+pub mod batch;
 mod collection;
 mod error;
 mod feed;
+pub mod rows;
 #[cfg(feature = "testsuite")]
 pub mod testsuite;
 

@@ -8,9 +8,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use std::collections::BTreeMap;
 
-use countersign_core::{
-    ApprovalRequest, DecisionInput, Role, Status, TokenRecord, Verdict,
-};
+use countersign_core::{ApprovalRequest, DecisionInput, Role, Status, TokenRecord, Verdict};
 use countersign_store::RequestQuery;
 use serde::Serialize;
 

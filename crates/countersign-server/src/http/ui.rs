@@ -366,12 +366,10 @@ pub(super) async fn invite_user(
         state.public_url.trim_end_matches('/'),
         user.username
     );
-    Ok(Json(
-        AccountOut {
-            link: Some(link),
-            ..AccountOut::new(&user)
-        },
-    ))
+    Ok(Json(AccountOut {
+        link: Some(link),
+        ..AccountOut::new(&user)
+    }))
 }
 
 pub(super) async fn disable_user(

@@ -62,8 +62,7 @@ impl Rooms {
                     }
                     None => {
                         let member = Member::new(room, who, status, note.clone(), now);
-                        let event =
-                            member_event(EventKind::MemberJoined, room, who, &who.id, now);
+                        let event = member_event(EventKind::MemberJoined, room, who, &who.id, now);
                         Step::Write {
                             body: member.clone(),
                             event: Some(event.seal(new_salt()?)),
