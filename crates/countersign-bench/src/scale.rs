@@ -11,10 +11,9 @@ use rmcp::model::CallToolRequestParams;
 use serde_json::json;
 use tokio::process::Command;
 
-use crate::{
-    Api, Backend, Sample, Setup, args, listening_address, load_average, mcp_http, micros,
-    structured,
-};
+use crate::client::{Api, args, mcp_http, request_approval, structured};
+use crate::figures::{Sample, load_average, micros};
+use crate::instances::{Backend, Setup, listening_address};
 
 // ---- process figures from /proc ----------------------------------------------------
 
@@ -110,14 +109,7 @@ pub async fn waiters(bin: &Path, count: usize, database: Option<&str>) -> anyhow
             "postgres, wait on A, decide on B",
         ),
     };
-    let api = Api {
-        http: reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(900))
-            .pool_max_idle_per_host(count + 64)
-            .build()?,
-        ..Api::new(&setup)?
-    };
+    let api = Api::new(&setup)?.for_many(count)?;
     let (a, b) = (setup.base(0).to_string(), setup.base(1).to_string());
     let pid = setup.instances[0].child.id().context("no pid")?;
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -133,14 +125,7 @@ pub async fn waiters(bin: &Path, count: usize, database: Option<&str>) -> anyhow
     let (after_create, _) = rss_mib(pid)?;
     // The waiters get a client of their own, so that none reuses a connection left idle
     // by the creations: the server then holds exactly one new connection per waiter.
-    let waiting = Api {
-        http: reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(900))
-            .pool_max_idle_per_host(count + 64)
-            .build()?,
-        ..api.clone()
-    };
+    let waiting = api.for_many(count)?;
 
     // Everyone waits.
     let sockets_before = sockets(pid);
@@ -588,17 +573,12 @@ pub async fn poll(bin: &Path, agents: usize, rounds: usize) -> anyhow::Result<()
                 let peer = client.peer().clone();
                 let mut delays = Vec::new();
                 for round in 0..rounds {
-                    let created = peer
-                        .call_tool(CallToolRequestParams::new("request_approval").with_arguments(args(
-                            json!({"action_description": format!("agent {agent} step {round}"), "action_details": {"n": "1"}}),
-                        )))
-                        .await?;
-                    let id = structured(&created)["request_id"]
-                        .as_str()
-                        .context("no request_id")?
-                        .to_string();
+                    let id =
+                        request_approval(&peer, &format!("agent {agent} step {round}")).await?;
                     // The person: decides after 0.5 to 3 s (spread evenly, no RNG).
-                    let think = Duration::from_millis(500 + ((agent * 7919 + round * 104_729) % 2500) as u64);
+                    let think = Duration::from_millis(
+                        500 + ((agent * 7919 + round * 104_729) % 2500) as u64,
+                    );
                     let decider = {
                         let (api, base, id) = (api.clone(), base.clone(), id.clone());
                         tokio::spawn(async move {
@@ -611,7 +591,10 @@ pub async fn poll(bin: &Path, agents: usize, rounds: usize) -> anyhow::Result<()
                         loop {
                             calls.fetch_add(1, Ordering::Relaxed);
                             let r = peer
-                                .call_tool(CallToolRequestParams::new("check_approval").with_arguments(args(json!({"request_id": id}))))
+                                .call_tool(
+                                    CallToolRequestParams::new("check_approval")
+                                        .with_arguments(args(json!({"request_id": id}))),
+                                )
                                 .await?;
                             if structured(&r)["status"] != "pending" {
                                 break Instant::now();
@@ -621,9 +604,11 @@ pub async fn poll(bin: &Path, agents: usize, rounds: usize) -> anyhow::Result<()
                     } else {
                         calls.fetch_add(1, Ordering::Relaxed);
                         let r = peer
-                            .call_tool(CallToolRequestParams::new("wait_for_approval").with_arguments(args(
-                                json!({"request_id": id, "timeout_seconds": 60}),
-                            )))
+                            .call_tool(
+                                CallToolRequestParams::new("wait_for_approval").with_arguments(
+                                    args(json!({"request_id": id, "timeout_seconds": 60})),
+                                ),
+                            )
                             .await?;
                         if structured(&r)["status"] != "approved" {
                             bail!("wait_for_approval returned {}", structured(&r));
