@@ -1,6 +1,8 @@
 //! The channels' settings: Slack, email, webhooks, `[notify]` and `[reminders]`, resolved
 //! into the server's `NotifyConfig`. Kept apart from the rest of the config because they
-//! are most of it: each channel has its secrets, approvers and checks.
+//! are most of it: each channel has its secrets, approvers and checks. They start from
+//! `NotifyConfig::default()` and the email defaults, and end with `validate()`, so what
+//! the server states (defaults, `[notify]` bounds) is not repeated here.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -43,6 +45,7 @@ pub fn resolve(
         apply_notify(&mut notify, section)?;
     }
     notify.reminders = sections.reminders.map(reminders).transpose()?;
+    notify.validate().map_err(anyhow::Error::msg)?;
     notify.slack = slack_config(sections.slack, env)?;
     notify.email = email_config(sections.email, env)?;
     Ok(notify)
@@ -82,23 +85,11 @@ fn webhooks(sections: Vec<WebhookSection>) -> anyhow::Result<Vec<WebhookConfig>>
     Ok(out)
 }
 
-/// `[notify]`: what is set replaces the default.
+/// `[notify]`: what is set replaces the default; the bounds are checked by `validate`.
 fn apply_notify(notify: &mut NotifyConfig, section: NotifySection) -> anyhow::Result<()> {
     notify.default_routes = routes(section.default_routes)?;
     notify.max_attempts = section.max_attempts.unwrap_or(notify.max_attempts);
-    if section.lease_seconds == Some(0) {
-        bail!("[notify] lease_seconds must be at least 1");
-    }
     notify.lease_seconds = section.lease_seconds.unwrap_or(notify.lease_seconds);
-    if let Some(days) = section.history_days
-        && days < countersign_server::notify::MIN_HISTORY_DAYS
-    {
-        bail!(
-            "[notify] history_days is {days}; at least {} are needed (a request can wait up \
-             to 7 days, and its Slack message is updated from the delivery history)",
-            countersign_server::notify::MIN_HISTORY_DAYS
-        );
-    }
     notify.history_days = section.history_days.unwrap_or(notify.history_days);
     Ok(())
 }
@@ -226,7 +217,7 @@ fn email_config(section: Option<EmailSection>, env: &Env) -> anyhow::Result<Opti
         let username = approver_username(&format!("[email.approvers] {address}"), &username)?;
         approvers.insert(address.trim().to_ascii_lowercase(), username);
     }
-    let token_minutes = e.token_minutes.unwrap_or(30);
+    let token_minutes = e.token_minutes.unwrap_or(email::DEFAULT_TOKEN_MINUTES);
     if !(1..=MAX_TOKEN_MINUTES).contains(&token_minutes) {
         bail!("[email] token_minutes must be between 1 and {MAX_TOKEN_MINUTES}");
     }
@@ -239,7 +230,7 @@ fn email_config(section: Option<EmailSection>, env: &Env) -> anyhow::Result<Opti
         approvers,
         token_decisions: e.token_decisions.unwrap_or(false),
         token_minutes,
-        follow_ups: e.follow_ups.unwrap_or(true),
+        follow_ups: e.follow_ups.unwrap_or(email::DEFAULT_FOLLOW_UPS),
     }))
 }
 
@@ -345,5 +336,23 @@ mod tests {
         assert_eq!(config.notify.history_days, 90);
         let err = file.resolve("[notify]\nhistory_days = 7\n").unwrap_err();
         assert!(format!("{err:#}").contains("at least 8"), "{err:#}");
+    }
+
+    #[test]
+    fn notify_starts_from_the_servers_defaults_and_keeps_its_bounds() {
+        use countersign_server::notify::NotifyConfig;
+        let file = ConfigFile::new();
+        let config = file.resolve("[notify]\ndefault_routes = []\n").unwrap();
+        let defaults = NotifyConfig::default();
+        assert_eq!(config.notify.max_attempts, defaults.max_attempts);
+        assert_eq!(config.notify.lease_seconds, defaults.lease_seconds);
+        assert_eq!(config.notify.history_days, defaults.history_days);
+        for (key, message) in [
+            ("max_attempts", "[notify] max_attempts must be at least 1"),
+            ("lease_seconds", "[notify] lease_seconds must be at least 1"),
+        ] {
+            let err = file.resolve(&format!("[notify]\n{key} = 0\n")).unwrap_err();
+            assert_eq!(err.to_string(), message);
+        }
     }
 }

@@ -4,7 +4,8 @@
 //!
 //! This module holds the order and the settings of the binary itself; `file` is the
 //! TOML's shape, `env` the variables, `database` the storage, `channels` Slack, email,
-//! webhooks and reminders.
+//! webhooks and reminders. What the server has a default for starts from the server's
+//! settings types (`HttpConfig`, `Settings`, `NotifyConfig`), so it is stated once, there.
 
 mod channels;
 mod database;
@@ -16,7 +17,8 @@ use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use countersign_server::HttpConfig;
+use countersign_server::gate::DEFAULT_SESSION_SECONDS;
+use countersign_server::{HttpConfig, Settings};
 
 pub use database::Database;
 use env::Env;
@@ -152,7 +154,9 @@ impl Config {
             public_url: http.public_url,
             session_hours,
             log_origin,
-            raw_payload_export: evidence.and_then(|e| e.raw_payload_export).unwrap_or(false),
+            raw_payload_export: evidence
+                .and_then(|e| e.raw_payload_export)
+                .unwrap_or(Settings::default().raw_payload_export),
             reviewer,
             listen,
             data_dir,
@@ -257,21 +261,23 @@ fn listen_address(
     })
 }
 
-/// The HTTP server's settings: the variable, else the file, else the default. The public
-/// URL defaults to the listen address, so that links work wherever the server listens.
+/// The HTTP server's settings: the variable, else the file, else the server's default.
+/// The public URL defaults to the listen address instead, so that links work wherever
+/// the server listens.
 fn http(env: &Env, file: HttpKeys, listen: SocketAddr) -> anyhow::Result<HttpConfig> {
+    let defaults = HttpConfig::default();
     let allowed_hosts = env
         .list("COUNTERSIGN_ALLOWED_HOSTS")
         .or(file.allowed_hosts)
-        .unwrap_or_else(|| vec!["localhost".into(), "127.0.0.1".into(), "::1".into()]);
+        .unwrap_or(defaults.allowed_hosts);
     let operator_tools = env
         .flag("COUNTERSIGN_OPERATOR_TOOLS")?
         .or(file.operator_tools)
-        .unwrap_or(false);
+        .unwrap_or(defaults.operator_tools);
     let max_body_bytes = env
         .number("COUNTERSIGN_MAX_BODY_BYTES")?
         .or(file.max_body_bytes)
-        .unwrap_or(1024 * 1024);
+        .unwrap_or(defaults.max_body_bytes);
     if max_body_bytes < MIN_BODY_BYTES {
         bail!("max_body_bytes must be at least {MIN_BODY_BYTES}");
     }
@@ -318,9 +324,9 @@ fn reviewer(review: Option<ReviewSection>) -> anyhow::Result<Option<(String, Str
     Ok(Some((id, name)))
 }
 
-/// `session_hours`, by default 12.
+/// `session_hours`, by default the server's session length (a whole number of hours).
 fn session_hours_or_default(set: Option<u64>) -> anyhow::Result<u64> {
-    let hours = set.unwrap_or(12);
+    let hours = set.unwrap_or(DEFAULT_SESSION_SECONDS / 3600);
     if !SESSION_HOURS.contains(&hours) {
         bail!(
             "session_hours must be between {} and {}",
@@ -349,6 +355,17 @@ mod tests {
         assert!(!c.operator_tools);
         assert_eq!(c.feed_poll_ms, 50);
         assert_eq!(c.config_file, None);
+        // The server's defaults, in the units of the config.
+        let http = HttpConfig::default();
+        assert_eq!(c.allowed_hosts, http.allowed_hosts);
+        assert_eq!(c.max_body_bytes, http.max_body_bytes);
+        assert_eq!(c.session_hours * 3600, Settings::default().session_seconds);
+        assert_eq!(c.public_url, format!("http://{DEFAULT_LISTEN}"));
+        assert_eq!(c.keys_dir, c.data_dir.join("keys"));
+        assert_eq!(
+            c.database,
+            Database::Sqlite(c.data_dir.join("countersign.db"))
+        );
     }
 
     #[test]
