@@ -50,7 +50,7 @@ const s = {
 
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
-// Under a parent that holds our stdin open (crates/countersign/tests/browser.rs), its
+// Under a parent that holds our stdin open (crates/countersign/tests/it/browser.rs), its
 // closing means "stop now": the parent gave up or died. Close Chromium, kill serve, exit.
 if (process.env.BROWSER_TESTS_STDIN_WATCHDOG === "1") {
   const stop = async () => {

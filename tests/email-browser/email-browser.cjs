@@ -1,6 +1,6 @@
 // Headless Chromium (Debian's /usr/bin/chromium, driven by playwright-core from
 // tests/browser/node_modules: run with NODE_PATH=tests/browser/node_modules) for the
-// email tests in crates/countersign/tests/channels.rs. Prints one JSON object.
+// email tests in crates/countersign/tests/it/channels.rs. Prints one JSON object.
 //
 //   email-browser.cjs scan URL...
 //       Opens every URL as a mail scanner would (a fresh browser each, scripts on, no

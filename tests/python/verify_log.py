@@ -1459,7 +1459,7 @@ def test_full_mode_bundle(binary: str, scratch: Path, results: Results) -> None:
         # A key rotation from the CLI while serve runs: the old bundle still verifies under
         # the new JWKS, and new checkpoints are signed by the new key. (Fetching the JWKS
         # also makes serve re-read its keys, so this does not depend on it noticing the
-        # rotation by itself; crates/countersign/tests/cli.rs tests that.)
+        # rotation by itself; crates/countersign/tests/it/cli.rs tests that.)
         new_kid = run_cli(binary, "keys", "rotate", "--data-dir", str(data)).strip()
         jwks = log.jwks()
         check(new_kid in {k["kid"] for k in jwks["keys"]} and len(jwks["keys"]) == 2, f"JWKS after rotation: {jwks}")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A webhook receiver that checks countersign's webhooks with an independent
 implementation of the Standard Webhooks spec: the `standardwebhooks` package, the
-spec's reference library. Run by crates/countersign/tests/webhooks.rs.
+spec's reference library. Run by crates/countersign/tests/it/webhooks.rs.
 
 It listens on loopback and prints, one JSON object a line on stdout (flushed):
 

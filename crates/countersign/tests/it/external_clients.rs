@@ -13,42 +13,21 @@
 //! Without Python or its packages the test prints why and passes, except under `CI=true`,
 //! where a skip is a failure.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::common::{PYTHON_SETUP, in_ci, python, repo_root};
+
 /// The whole suite takes about 10 s; past this it is hung.
 const SUITE_TIMEOUT: Duration = Duration::from_secs(180);
-const SETUP_HINT: &str = "python3 -m venv target/pyvenv && target/pyvenv/bin/pip install -r tests/python/requirements.txt";
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("the repository root")
-}
-
-/// Which Python to use, and where that choice came from.
-fn python(root: &Path) -> (PathBuf, &'static str) {
-    if let Some(path) = std::env::var_os("COUNTERSIGN_TEST_PYTHON").filter(|p| !p.is_empty()) {
-        return (PathBuf::from(path), "COUNTERSIGN_TEST_PYTHON");
-    }
-    let venv = root.join("target/pyvenv/bin/python");
-    if venv.is_file() {
-        return (venv, "the venv at target/pyvenv");
-    }
-    (PathBuf::from("python3"), "python3 on the PATH")
-}
 
 /// Passes with a printed reason, or fails under CI=true, where nothing may be skipped.
 fn skip(reason: &str) {
     let message = format!(
-        "external_clients SKIPPED: {reason}\n  set up the Python side with: {SETUP_HINT}\n  \
+        "external_clients SKIPPED: {reason}\n  set up the Python side with: {PYTHON_SETUP}\n  \
          (or point COUNTERSIGN_TEST_PYTHON at an interpreter that has tests/python/requirements.txt)"
     );
-    if std::env::var("CI").as_deref() == Ok("true") {
+    if in_ci() {
         panic!("{message}\nCI=true: a skipped suite is a failure");
     }
     eprintln!("{message}");
@@ -57,7 +36,7 @@ fn skip(reason: &str) {
 #[test]
 fn python_mcp_sdk_and_independent_verifier() {
     let root = repo_root();
-    let (python, source) = python(&root);
+    let (python, source) = python();
 
     let probe = Command::new(&python)
         .args([

@@ -15,22 +15,18 @@
 //! without it, or without node, Chromium or playwright-core, the parts that need them
 //! print why and pass, except under `CI=true`, where a skip is a failure.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::common::{self, PYTHON_SETUP, Server, in_ci, python, repo_root};
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{Path as UrlPath, State};
 use axum::http::HeaderMap;
 use axum::routing::post;
-use common::Server;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};
@@ -43,26 +39,15 @@ const MALLORY_SLACK: &str = "U0MALLORY";
 
 // ---- skipping ---------------------------------------------------------------------------
 
-fn ci() -> bool {
-    std::env::var("CI").as_deref() == Ok("true")
-}
-
 /// Passes with a printed reason, or fails under CI=true.
 fn skip(what: &str, reason: &str) {
     let message = format!(
-        "channels: {what} SKIPPED: {reason}\n  set up with: python3 -m venv target/pyvenv && target/pyvenv/bin/pip install -r tests/python/requirements.txt; npm ci --prefix tests/browser; apt-get install -y chromium"
+        "channels: {what} SKIPPED: {reason}\n  set up with: {PYTHON_SETUP}; npm ci --prefix tests/browser; apt-get install -y chromium"
     );
-    if ci() {
+    if in_ci() {
         panic!("{message}\nCI=true: a skipped test is a failure");
     }
     eprintln!("{message}");
-}
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../..")
-        .canonicalize()
-        .expect("the repository root")
 }
 
 // ---- a fake Slack Web API -----------------------------------------------------------------
@@ -839,18 +824,6 @@ struct SmtpSink {
     _child: tokio::process::Child,
 }
 
-fn python(root: &Path) -> PathBuf {
-    if let Some(p) = std::env::var_os("COUNTERSIGN_TEST_PYTHON").filter(|p| !p.is_empty()) {
-        return PathBuf::from(p);
-    }
-    let venv = root.join("target/pyvenv/bin/python");
-    if venv.is_file() {
-        venv
-    } else {
-        PathBuf::from("python3")
-    }
-}
-
 impl SmtpSink {
     /// Starts `tests/python/smtp_sink.py`; `Err` says why it cannot.
     async fn start() -> Result<SmtpSink, String> {
@@ -861,7 +834,7 @@ impl SmtpSink {
     async fn start_with(args: &[&std::ffi::OsStr]) -> Result<SmtpSink, String> {
         use tokio::io::AsyncBufReadExt;
         let root = repo_root();
-        let python = python(&root);
+        let (python, _) = python();
         let probe = std::process::Command::new(&python)
             .args(["-c", "import aiosmtpd"])
             .stdin(Stdio::null())

@@ -18,15 +18,10 @@
 //! 6. two instances on one PostgreSQL database: every message is sent exactly once in
 //!    total, not even a raw duplicate, and the history lists each once.
 //!
-//! Python with `standardwebhooks` (`target/pyvenv`, made by .ci/run from
-//! tests/python/requirements.txt, or `python3`) and PostgreSQL (`psql`, at
-//! `COUNTERSIGN_TEST_POSTGRES_URL`, default `postgres://postgres@127.0.0.1:5432/postgres`)
-//! are needed; without them the tests pass with a note on stderr, except with `CI=true`,
-//! where that is a failure.
-
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
+//! Python with `standardwebhooks` ([`common::python`], made by .ci/run from
+//! tests/python/requirements.txt) and, for the last, PostgreSQL ([`TestDb`]) are needed;
+//! without them the tests pass with a note on stderr, except with `CI=true`, where that is
+//! a failure.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{BufRead, BufReader};
@@ -35,19 +30,12 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex, OnceLock, mpsc};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::common::postgres::TestDb;
+use crate::common::{self, PYTHON_SETUP, Server, create_token, in_ci, repo_root};
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use common::{Server, create_token};
 use reqwest::StatusCode;
 use serde_json::{Value, json};
-
-fn in_ci() -> bool {
-    std::env::var("CI").as_deref() == Ok("true")
-}
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 fn skip(why: &str) {
     if in_ci() {
@@ -56,28 +44,34 @@ fn skip(why: &str) {
     eprintln!("SKIPPED: this test passes without running: {why} (with CI=true this is a failure)");
 }
 
-/// A Python that has `standardwebhooks`; `None` after saying why not.
+/// The suites' Python, if it has `standardwebhooks`; `None` after saying why not.
 fn python() -> Option<PathBuf> {
-    static FOUND: OnceLock<Option<PathBuf>> = OnceLock::new();
+    static FOUND: OnceLock<Result<PathBuf, String>> = OnceLock::new();
     let found = FOUND.get_or_init(|| {
-        let venv = workspace_root().join("target/pyvenv/bin/python");
-        [venv, PathBuf::from("python3")].into_iter().find(|python| {
-            Command::new(python)
-                .args(["-c", "import standardwebhooks"])
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .status()
-                .is_ok_and(|s| s.success())
-        })
+        let (python, source) = common::python();
+        let has_it = Command::new(&python)
+            .args(["-c", "import standardwebhooks"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if has_it {
+            Ok(python)
+        } else {
+            Err(format!(
+                "{} (from {source}) cannot import the standardwebhooks package; install it: \
+                 {PYTHON_SETUP}",
+                python.display()
+            ))
+        }
     });
-    if found.is_none() {
-        skip(
-            "no Python with the standardwebhooks package (neither target/pyvenv nor python3); \
-             install it: python3 -m venv target/pyvenv && \
-             target/pyvenv/bin/pip install -r tests/python/requirements.txt",
-        );
+    match found {
+        Ok(python) => Some(python.clone()),
+        Err(why) => {
+            skip(why);
+            None
+        }
     }
-    found.clone()
 }
 
 /// A fresh `whsec_` secret: 32 random bytes.
@@ -116,7 +110,7 @@ struct Receiver {
 
 impl Receiver {
     fn start(python: &Path, secret: &str, behaviour: Behaviour) -> Receiver {
-        let script = workspace_root().join("tests/python/webhook_receiver.py");
+        let script = repo_root().join("tests/python/webhook_receiver.py");
         let mut child = Command::new(python)
             .arg(&script)
             .args(["--secret", secret])
@@ -898,116 +892,12 @@ async fn a_dead_endpoint_with_a_long_queue_does_not_hold_up_a_healthy_one() {
 // 6. Two instances on one PostgreSQL database
 // ---------------------------------------------------------------------------------------
 
-const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/postgres";
-const DB_PREFIX: &str = "cs_wh_";
-
-fn pg_base_url() -> String {
-    std::env::var("COUNTERSIGN_TEST_POSTGRES_URL").unwrap_or_else(|_| DEFAULT_PG_URL.to_string())
-}
-
-/// `url` naming database `db` instead (query parameters kept).
-fn url_with_db(url: &str, db: &str) -> String {
-    let (main, query) = match url.split_once('?') {
-        Some((main, query)) => (main, Some(query)),
-        None => (url, None),
-    };
-    let authority = main.find("://").map(|i| i + 3).unwrap_or(0);
-    let base = match main[authority..].find('/') {
-        Some(slash) => &main[..authority + slash],
-        None => main,
-    };
-    match query {
-        Some(query) => format!("{base}/{db}?{query}"),
-        None => format!("{base}/{db}"),
-    }
-}
-
-/// Runs `sql` with `psql`; its output, or why it failed.
-fn psql(url: &str, sql: &str) -> Result<String, String> {
-    let out = Command::new("psql")
-        .arg(url)
-        .args(["-X", "-q", "-A", "-t", "-v", "ON_ERROR_STOP=1", "-c", sql])
-        .env("PGCONNECT_TIMEOUT", "5")
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| format!("could not run psql: {e}"))?;
-    if out.status.success() {
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-    } else {
-        Err(String::from_utf8_lossy(&out.stderr).trim().to_string())
-    }
-}
-
-fn unix_secs() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-/// A fresh database, dropped on drop.
-struct TestDb {
-    admin_url: String,
-    name: String,
-    url: String,
-}
-
-impl TestDb {
-    fn create() -> Option<TestDb> {
-        let admin_url = pg_base_url();
-        if let Err(err) = psql(&admin_url, "SELECT 1") {
-            skip(&format!(
-                "PostgreSQL at {admin_url} cannot be reached with psql ({err}); start it or \
-                 set COUNTERSIGN_TEST_POSTGRES_URL"
-            ));
-            return None;
-        }
-        // Databases of runs that started over ten minutes ago are left-overs.
-        if let Ok(names) = psql(
-            &admin_url,
-            "SELECT datname FROM pg_database WHERE datname LIKE 'cs\\_wh\\_%'",
-        ) {
-            for name in names.lines() {
-                let created = name
-                    .strip_prefix(DB_PREFIX)
-                    .and_then(|rest| rest.split('_').next())
-                    .and_then(|secs| secs.parse::<u64>().ok());
-                if created.is_some_and(|secs| secs + 600 < unix_secs()) {
-                    let _ = psql(
-                        &admin_url,
-                        &format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"),
-                    );
-                }
-            }
-        }
-        let mut random = [0u8; 6];
-        getrandom::fill(&mut random).expect("randomness");
-        let name = format!("{DB_PREFIX}{}_{}", unix_secs(), hex::encode(random));
-        psql(&admin_url, &format!("CREATE DATABASE {name}"))
-            .unwrap_or_else(|e| panic!("CREATE DATABASE {name}: {e}"));
-        Some(TestDb {
-            url: url_with_db(&admin_url, &name),
-            admin_url,
-            name,
-        })
-    }
-}
-
-impl Drop for TestDb {
-    fn drop(&mut self) {
-        if let Err(err) = psql(
-            &self.admin_url,
-            &format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.name),
-        ) {
-            eprintln!("could not drop the test database {}: {err}", self.name);
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_on_one_database_send_each_message_once() {
     let Some(python) = python() else { return };
-    let Some(db) = TestDb::create() else { return };
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
     let secret = new_secret();
     let receiver = Receiver::start(&python, &secret, Behaviour::default());
     let tmp = tempfile::tempdir().unwrap();

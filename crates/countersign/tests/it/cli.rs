@@ -2,18 +2,14 @@
 //! agent over stdio MCP, HTTP clients of `serve`, and several of these at once on one
 //! data directory.
 
-#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
-
-mod common;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::fs::PermissionsExt;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::common::*;
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
-use common::*;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 

@@ -1,8 +1,12 @@
 //! Helpers for driving the real `countersign` binary: one-shot commands, a `serve`
 //! process on port 0, stdio MCP clients, and HTTP calls. Every child is killed when its
-//! guard drops, so a failing test leaves no process behind.
+//! guard drops, so a failing test leaves no process behind. `postgres` gives a test a
+//! database of its own; `tools` finds Python and the repository's scripts.
 
-#![allow(dead_code)]
+pub mod postgres;
+mod tools;
+
+pub use tools::{PYTHON_SETUP, in_ci, python, repo_root};
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

@@ -6,23 +6,15 @@
 //! Needs `node`, `/usr/bin/chromium` and `npm ci --prefix tests/browser`. Without them the
 //! test says what is missing and passes, except under `CI=true`, where that is a failure.
 
-#![allow(clippy::expect_used, clippy::panic)]
-
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::common::{in_ci, repo_root};
 
 /// The suite takes about a minute; past this something hangs.
 const LIMIT: Duration = Duration::from_secs(240);
 const CHROMIUM: &str = "/usr/bin/chromium";
-
-fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .ancestors()
-        .nth(2)
-        .expect("the package sits two levels below the repository root")
-        .to_path_buf()
-}
 
 /// What is missing to run the suite, if anything.
 fn missing(root: &Path) -> Vec<String> {
@@ -83,7 +75,7 @@ fn dashboard_in_headless_chromium() {
             "browser tests skipped:\n  - {}\ninstall with:\n  apt-get update && apt-get install -y chromium\n  npm ci --prefix tests/browser",
             missing.join("\n  - ")
         );
-        if std::env::var("CI").is_ok_and(|v| v == "true") {
+        if in_ci() {
             panic!("{reason}\n(CI=true: a skipped browser test is a failure)");
         }
         eprintln!("{reason}");

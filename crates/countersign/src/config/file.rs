@@ -1,0 +1,159 @@
+//! The config file's shape. Kept apart from the resolution so that the TOML a user writes
+//! can be read at a glance; `deny_unknown_fields` everywhere makes a typo an error.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use serde::Deserialize;
+
+/// The whole file. Every key is optional: what is missing comes from the environment or a
+/// default.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileConfig {
+    pub listen: Option<String>,
+    pub data_dir: Option<PathBuf>,
+    pub allowed_hosts: Option<Vec<String>>,
+    pub operator_tools: Option<bool>,
+    pub max_body_bytes: Option<usize>,
+    pub feed_poll_ms: Option<u64>,
+    pub public_url: Option<String>,
+    pub session_hours: Option<u64>,
+    pub database_url: Option<String>,
+    pub keys_dir: Option<PathBuf>,
+    pub cli: Option<CliSection>,
+    pub log: Option<LogSection>,
+    pub evidence: Option<EvidenceSection>,
+    pub review: Option<ReviewSection>,
+    #[serde(default)]
+    pub webhooks: Vec<WebhookSection>,
+    pub notify: Option<NotifySection>,
+    pub reminders: Option<RemindersSection>,
+    pub slack: Option<SlackSection>,
+    pub email: Option<EmailSection>,
+}
+
+/// The keys about the HTTP server, resolved together into the server's `HttpConfig`.
+pub struct HttpKeys {
+    pub allowed_hosts: Option<Vec<String>>,
+    pub operator_tools: Option<bool>,
+    pub max_body_bytes: Option<usize>,
+    pub public_url: Option<String>,
+}
+
+/// The sections about channels, resolved together into the server's `NotifyConfig`.
+pub struct ChannelSections {
+    pub webhooks: Vec<WebhookSection>,
+    pub notify: Option<NotifySection>,
+    pub reminders: Option<RemindersSection>,
+    pub slack: Option<SlackSection>,
+    pub email: Option<EmailSection>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CliSection {
+    pub unattended_decisions: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LogSection {
+    pub origin: Option<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EvidenceSection {
+    pub raw_payload_export: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReviewSection {
+    pub enabled: Option<bool>,
+    pub reviewer_id: Option<String>,
+    pub reviewer_name: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SlackSection {
+    pub bot_token: Option<String>,
+    pub bot_token_file: Option<PathBuf>,
+    pub signing_secret: Option<String>,
+    pub signing_secret_file: Option<PathBuf>,
+    pub api_base_url: Option<String>,
+    /// Slack user id → dashboard username.
+    #[serde(default)]
+    pub approvers: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EmailSection {
+    pub smtp_url: String,
+    pub from: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    pub password_file: Option<PathBuf>,
+    /// PEM certificates to trust for the SMTP server besides the Mozilla roots.
+    pub ca_file: Option<PathBuf>,
+    /// Email address → dashboard username.
+    #[serde(default)]
+    pub approvers: BTreeMap<String, String>,
+    pub token_decisions: Option<bool>,
+    pub token_minutes: Option<u64>,
+    pub follow_ups: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WebhookSection {
+    pub name: String,
+    pub url: String,
+    pub secret: Option<String>,
+    pub secret_file: Option<PathBuf>,
+    #[serde(default)]
+    pub events: Vec<String>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotifySection {
+    #[serde(default)]
+    pub default_routes: Vec<String>,
+    pub max_attempts: Option<u32>,
+    pub lease_seconds: Option<u64>,
+    pub history_days: Option<u64>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RemindersSection {
+    pub after_minutes: u64,
+    pub escalate_after_minutes: Option<u64>,
+    #[serde(default)]
+    pub escalate_to: Vec<String>,
+}
+
+/// Reads and parses the file at `path`.
+pub fn read(path: &Path) -> anyhow::Result<FileConfig> {
+    let text = std::fs::read_to_string(path)
+        .with_context(|| format!("could not read the config file {}", path.display()))?;
+    toml::from_str(&text).with_context(|| format!("invalid config file {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::config::testing::ConfigFile;
+
+    #[test]
+    fn unknown_keys_are_errors() {
+        let err = ConfigFile::new()
+            .resolve("listne = \"127.0.0.1:1\"\n")
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("listne"), "{err:#}");
+    }
+}

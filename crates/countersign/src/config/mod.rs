@@ -1,0 +1,425 @@
+//! Configuration: defaults, then a TOML file, then `COUNTERSIGN_*` environment
+//! variables, then command-line flags. Unknown keys and unknown `COUNTERSIGN_*`
+//! variables are errors, so a typo never silently falls back to a default.
+//!
+//! This module holds the order and the settings of the binary itself; `file` is the
+//! TOML's shape, `env` the variables, `database` the storage, `channels` Slack, email,
+//! webhooks and reminders. What the server has a default for starts from the server's
+//! settings types (`HttpConfig`, `Settings`, `NotifyConfig`), so it is stated once, there.
+
+mod channels;
+mod database;
+mod env;
+mod file;
+
+use std::net::SocketAddr;
+use std::ops::RangeInclusive;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use countersign_server::gate::DEFAULT_SESSION_SECONDS;
+use countersign_server::{HttpConfig, Settings};
+
+pub use database::Database;
+use env::Env;
+use file::{ChannelSections, FileConfig, HttpKeys, LogSection, ReviewSection};
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+pub const CONFIG_FILE_NAME: &str = "countersign.toml";
+/// The signing keys' directory inside the data directory, unless `keys_dir` says otherwise.
+const KEYS_DIR_NAME: &str = "keys";
+/// A smaller limit would refuse ordinary requests.
+const MIN_BODY_BYTES: usize = 1024;
+/// `session_hours`: at least an hour, at most 30 days.
+const SESSION_HOURS: RangeInclusive<u64> = 1..=24 * 30;
+
+/// The settings every command resolves before it runs.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Config {
+    pub listen: SocketAddr,
+    pub data_dir: PathBuf,
+    /// Where the settings came from, for `doctor` and error messages.
+    pub config_file: Option<PathBuf>,
+    /// Hosts the HTTP server answers to (DNS-rebinding protection).
+    pub allowed_hosts: Vec<String>,
+    /// Offer `list_pending_approvals` / `approve` / `reject` over MCP to approver tokens.
+    pub operator_tools: bool,
+    pub max_body_bytes: usize,
+    /// How often a process looks for changes made by other processes, in milliseconds.
+    pub feed_poll_ms: u64,
+    /// Allow `countersign approve|reject` without a terminal (scripts). Only settable in
+    /// the config file.
+    pub cli_unattended_decisions: bool,
+    /// The transparency log's origin, used when the log is first created.
+    pub log_origin: Option<String>,
+    /// Whether evidence bundles may include raw payloads (mode full).
+    pub raw_payload_export: bool,
+    /// The reviewer `record_review` records; `None` keeps it off.
+    pub reviewer: Option<(String, String)>,
+    /// How people reach this server: links in invitations and emails.
+    pub public_url: String,
+    /// How long a dashboard session lasts.
+    pub session_hours: u64,
+    /// Where the data lives: the embedded SQLite file, or a PostgreSQL database shared
+    /// by several instances.
+    pub database: Database,
+    /// The signing keys' directory (default: `keys/` in the data directory). Several
+    /// instances on one database share one key: point them all at the same keys.
+    pub keys_dir: PathBuf,
+    /// Slack, email, webhooks, reminders.
+    pub notify: countersign_server::notify::NotifyConfig,
+}
+
+/// Settings given on the command line (each overrides everything else).
+#[derive(Debug, Default, Clone)]
+pub struct Overrides {
+    pub config: Option<PathBuf>,
+    pub data_dir: Option<PathBuf>,
+    pub listen: Option<String>,
+    pub database: Option<String>,
+}
+
+impl Config {
+    /// Resolves the configuration from the process environment.
+    pub fn load(overrides: &Overrides) -> anyhow::Result<Self> {
+        let vars: Vec<(String, String)> = std::env::vars().collect();
+        Self::resolve(overrides, &vars)
+    }
+
+    /// Resolves the configuration from explicit variables (testable without touching the
+    /// process environment).
+    pub fn resolve(overrides: &Overrides, vars: &[(String, String)]) -> anyhow::Result<Self> {
+        let env = Env::new(vars)?;
+        let Located {
+            file,
+            config_file,
+            data_dir,
+        } = locate(overrides, &env)?;
+        // Taken apart, so that a key the file has but nothing resolves is an unused
+        // variable (a warning, an error in CI) rather than silently ignored.
+        let FileConfig {
+            listen,
+            data_dir: _,
+            allowed_hosts,
+            operator_tools,
+            max_body_bytes,
+            feed_poll_ms,
+            public_url,
+            session_hours,
+            database_url,
+            keys_dir,
+            cli,
+            log,
+            evidence,
+            review,
+            webhooks,
+            notify,
+            reminders,
+            slack,
+            email,
+        } = file;
+
+        let listen = listen_address(overrides, &env, listen)?;
+        let http = http(
+            &env,
+            HttpKeys {
+                allowed_hosts,
+                operator_tools,
+                max_body_bytes,
+                public_url,
+            },
+            listen,
+        )?;
+        let log_origin = log_origin(log)?;
+        let reviewer = reviewer(review)?;
+        let database = database::resolve(overrides, &env, database_url, &data_dir)?;
+        let feed_poll_ms = database::feed_poll_ms(&env, feed_poll_ms, &database)?;
+        let keys_dir = env
+            .path("COUNTERSIGN_KEYS_DIR")
+            .or(keys_dir)
+            .unwrap_or_else(|| data_dir.join(KEYS_DIR_NAME));
+        let session_hours = session_hours_or_default(session_hours)?;
+        let channels = ChannelSections {
+            webhooks,
+            notify,
+            reminders,
+            slack,
+            email,
+        };
+        let notify = channels::resolve(channels, &env, &http.public_url)?;
+        Ok(Self {
+            notify,
+            database,
+            keys_dir,
+            public_url: http.public_url,
+            session_hours,
+            log_origin,
+            raw_payload_export: evidence
+                .and_then(|e| e.raw_payload_export)
+                .unwrap_or(Settings::default().raw_payload_export),
+            reviewer,
+            listen,
+            data_dir,
+            config_file,
+            allowed_hosts: http.allowed_hosts,
+            operator_tools: http.operator_tools,
+            max_body_bytes: http.max_body_bytes,
+            feed_poll_ms,
+            cli_unattended_decisions: cli.and_then(|c| c.unattended_decisions).unwrap_or(false),
+        })
+    }
+
+    /// The SQLite file, when the data lives in one.
+    pub fn database_path(&self) -> PathBuf {
+        match &self.database {
+            Database::Sqlite(path) => path.clone(),
+            Database::Postgres(_) => database::sqlite_file(&self.data_dir),
+        }
+    }
+
+    pub fn keys_dir(&self) -> PathBuf {
+        self.keys_dir.clone()
+    }
+}
+
+/// The config file, as read, and the data directory.
+struct Located {
+    file: FileConfig,
+    config_file: Option<PathBuf>,
+    data_dir: PathBuf,
+}
+
+/// The data directory and the config file decide each other: the default file lives in
+/// the data directory, and an explicit file may name the directory. So the flag and the
+/// variable for the directory count first, then the file.
+fn locate(overrides: &Overrides, env: &Env) -> anyhow::Result<Located> {
+    let explicit_file = overrides
+        .config
+        .clone()
+        .or_else(|| env.path("COUNTERSIGN_CONFIG"));
+    let early_data_dir = overrides
+        .data_dir
+        .clone()
+        .or_else(|| env.path("COUNTERSIGN_DATA_DIR"));
+    let (file, config_file) = match explicit_file {
+        Some(path) => (file::read(&path)?, Some(path)),
+        None => {
+            let dir = early_data_dir
+                .clone()
+                .unwrap_or_else(|| default_data_dir(env));
+            let path = dir.join(CONFIG_FILE_NAME);
+            if path.exists() {
+                let file = file::read(&path)?;
+                if file.data_dir.is_some() {
+                    bail!(
+                        "data_dir in {} is ignored because that file already lives in a data directory; set it with --data-dir or COUNTERSIGN_DATA_DIR",
+                        path.display()
+                    );
+                }
+                (file, Some(path))
+            } else {
+                (FileConfig::default(), None)
+            }
+        }
+    };
+    let data_dir = early_data_dir
+        .or_else(|| file.data_dir.clone())
+        .unwrap_or_else(|| default_data_dir(env));
+    Ok(Located {
+        file,
+        config_file,
+        data_dir,
+    })
+}
+
+/// The default data directory: `$XDG_DATA_HOME/countersign`, else
+/// `~/.local/share/countersign`, else `./countersign-data`. A fixed place, so `serve` and
+/// `mcp` processes launched from anywhere share one database.
+fn default_data_dir(env: &Env) -> PathBuf {
+    if let Some(xdg) = env.get("XDG_DATA_HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(xdg).join("countersign");
+    }
+    if let Some(home) = env.get("HOME").filter(|v| !v.is_empty()) {
+        return PathBuf::from(home).join(".local/share/countersign");
+    }
+    PathBuf::from("countersign-data")
+}
+
+fn listen_address(
+    overrides: &Overrides,
+    env: &Env,
+    file: Option<String>,
+) -> anyhow::Result<SocketAddr> {
+    let text = overrides
+        .listen
+        .clone()
+        .or_else(|| env.get("COUNTERSIGN_LISTEN"))
+        .or(file)
+        .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+    text.parse().with_context(|| {
+        format!("listen address {text:?} is not an IP:port such as {DEFAULT_LISTEN}")
+    })
+}
+
+/// The HTTP server's settings: the variable, else the file, else the server's default.
+/// The public URL defaults to the listen address instead, so that links work wherever
+/// the server listens.
+fn http(env: &Env, file: HttpKeys, listen: SocketAddr) -> anyhow::Result<HttpConfig> {
+    let defaults = HttpConfig::default();
+    let allowed_hosts = env
+        .list("COUNTERSIGN_ALLOWED_HOSTS")
+        .or(file.allowed_hosts)
+        .unwrap_or(defaults.allowed_hosts);
+    let operator_tools = env
+        .flag("COUNTERSIGN_OPERATOR_TOOLS")?
+        .or(file.operator_tools)
+        .unwrap_or(defaults.operator_tools);
+    let max_body_bytes = env
+        .number("COUNTERSIGN_MAX_BODY_BYTES")?
+        .or(file.max_body_bytes)
+        .unwrap_or(defaults.max_body_bytes);
+    if max_body_bytes < MIN_BODY_BYTES {
+        bail!("max_body_bytes must be at least {MIN_BODY_BYTES}");
+    }
+    let public_url = env
+        .get("COUNTERSIGN_PUBLIC_URL")
+        .or(file.public_url)
+        .unwrap_or_else(|| format!("http://{listen}"));
+    if !(public_url.starts_with("http://") || public_url.starts_with("https://")) {
+        bail!("public_url {public_url:?} must start with http:// or https://");
+    }
+    Ok(HttpConfig {
+        allowed_hosts,
+        operator_tools,
+        max_body_bytes,
+        public_url: public_url.trim_end_matches('/').to_string(),
+    })
+}
+
+/// `[log] origin`: it becomes the first line of every checkpoint.
+fn log_origin(log: Option<LogSection>) -> anyhow::Result<Option<String>> {
+    let origin = log.and_then(|l| l.origin);
+    if let Some(origin) = &origin
+        && (origin.is_empty() || origin.chars().any(|c| c.is_whitespace() || c == '+'))
+    {
+        bail!("[log] origin {origin:?} must be non-empty, without spaces or '+'");
+    }
+    Ok(origin)
+}
+
+/// `[review]`: the identity every review records, when reviews are on.
+fn reviewer(review: Option<ReviewSection>) -> anyhow::Result<Option<(String, String)>> {
+    let Some(ReviewSection {
+        enabled: Some(true),
+        reviewer_id,
+        reviewer_name,
+    }) = review
+    else {
+        return Ok(None);
+    };
+    let id = reviewer_id.filter(|s| !s.trim().is_empty()).context(
+        "[review] enabled = true needs reviewer_id: the identity recorded for every review",
+    )?;
+    let name = reviewer_name.unwrap_or_else(|| id.clone());
+    Ok(Some((id, name)))
+}
+
+/// `session_hours`, by default the server's session length (a whole number of hours).
+fn session_hours_or_default(set: Option<u64>) -> anyhow::Result<u64> {
+    let hours = set.unwrap_or(DEFAULT_SESSION_SECONDS / 3600);
+    if !SESSION_HOURS.contains(&hours) {
+        bail!(
+            "session_hours must be between {} and {}",
+            SESSION_HOURS.start(),
+            SESSION_HOURS.end()
+        );
+    }
+    Ok(hours)
+}
+
+#[cfg(test)]
+mod testing;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use testing::vars;
+
+    #[test]
+    fn defaults_apply_without_file_or_env() {
+        let tmp = tempfile::tempdir().unwrap();
+        let home = tmp.path().to_str().unwrap();
+        let c = Config::resolve(&Overrides::default(), &vars(&[("HOME", home)])).unwrap();
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert_eq!(c.data_dir, tmp.path().join(".local/share/countersign"));
+        assert!(!c.operator_tools);
+        assert_eq!(c.feed_poll_ms, 50);
+        assert_eq!(c.config_file, None);
+        // The server's defaults, in the units of the config.
+        let http = HttpConfig::default();
+        assert_eq!(c.allowed_hosts, http.allowed_hosts);
+        assert_eq!(c.max_body_bytes, http.max_body_bytes);
+        assert_eq!(c.session_hours * 3600, Settings::default().session_seconds);
+        assert_eq!(c.public_url, format!("http://{DEFAULT_LISTEN}"));
+        assert_eq!(c.keys_dir, c.data_dir.join("keys"));
+        assert_eq!(
+            c.database,
+            Database::Sqlite(c.data_dir.join("countersign.db"))
+        );
+    }
+
+    #[test]
+    fn file_then_env_then_flags() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = tmp.path().join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(
+            data.join(CONFIG_FILE_NAME),
+            "listen = \"127.0.0.1:9000\"\noperator_tools = true\nallowed_hosts = [\"gate.example.com\"]\n[cli]\nunattended_decisions = true\n",
+        )
+        .unwrap();
+        let d = data.to_str().unwrap();
+        let c =
+            Config::resolve(&Overrides::default(), &vars(&[("COUNTERSIGN_DATA_DIR", d)])).unwrap();
+        assert_eq!(c.listen.to_string(), "127.0.0.1:9000");
+        assert!(c.operator_tools);
+        assert!(c.cli_unattended_decisions);
+        assert_eq!(c.allowed_hosts, vec!["gate.example.com".to_string()]);
+
+        let c = Config::resolve(
+            &Overrides::default(),
+            &vars(&[
+                ("COUNTERSIGN_DATA_DIR", d),
+                ("COUNTERSIGN_LISTEN", "127.0.0.1:9001"),
+                ("COUNTERSIGN_OPERATOR_TOOLS", "false"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.listen.port(), 9001);
+        assert!(!c.operator_tools);
+
+        let flags = Overrides {
+            listen: Some("127.0.0.1:9002".into()),
+            ..Overrides::default()
+        };
+        let c = Config::resolve(
+            &flags,
+            &vars(&[
+                ("COUNTERSIGN_DATA_DIR", d),
+                ("COUNTERSIGN_LISTEN", "127.0.0.1:9001"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(c.listen.port(), 9002);
+    }
+
+    #[test]
+    fn a_listen_address_is_an_ip_and_a_port() {
+        let err = Config::resolve(
+            &Overrides::default(),
+            &vars(&[("COUNTERSIGN_LISTEN", "localhost")]),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("not an IP:port"));
+    }
+}

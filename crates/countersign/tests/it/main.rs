@@ -1,0 +1,17 @@
+//! Integration tests of the real `countersign` binary, as one test binary: `common/` is
+//! compiled once and the suites share its helpers, and cargo links one executable instead
+//! of six. Run one suite with `cargo test -p countersign --test it cli::`.
+//!
+//! Everything here runs in one process, so no test may change the process's environment,
+//! its current directory or other global state: children get what they need on their own
+//! command line and environment.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod common;
+
+mod browser;
+mod channels;
+mod cli;
+mod external_clients;
+mod instances;
+mod webhooks;
