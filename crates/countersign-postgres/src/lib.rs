@@ -77,6 +77,9 @@ use crate::requests::Inserted;
 use crate::tokens::{NewToken, Revocation};
 use crate::writer::{Outcome, Write, Writer};
 
+/// What every store operation returns.
+type Result<T, E = StoreError> = std::result::Result<T, E>;
+
 pub use crate::config::Options;
 pub use crate::health::ServerInfo;
 pub use crate::schema::SCHEMA_VERSION;
@@ -93,11 +96,11 @@ pub struct PostgresStore {
 
 impl PostgresStore {
     /// Connects to the database at `url` and brings its schema up to date.
-    pub async fn connect(url: &str) -> Result<Self, StoreError> {
+    pub async fn connect(url: &str) -> Result<Self> {
         Self::connect_with(url, &Options::default()).await
     }
 
-    pub async fn connect_with(url: &str, options: &Options) -> Result<Self, StoreError> {
+    pub async fn connect_with(url: &str, options: &Options) -> Result<Self> {
         let store = Self::connect_lazy(url, options)?;
         schema::migrate(&store.target).await?;
         Ok(store)
@@ -108,7 +111,7 @@ impl PostgresStore {
     /// database that may be down, and for instances that should start (and report
     /// themselves unhealthy) while it is. Fails only for a malformed URL or options.
     /// Must be called within a tokio runtime.
-    pub fn connect_lazy(url: &str, options: &Options) -> Result<Self, StoreError> {
+    pub fn connect_lazy(url: &str, options: &Options) -> Result<Self> {
         // The writer is a task: without a runtime, spawning it would panic.
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(StoreError::Backend(
@@ -128,7 +131,7 @@ impl PostgresStore {
 
     /// Brings the schema up to date (what [`connect`](Self::connect) does); returns
     /// the schema version.
-    pub async fn migrate(&self) -> Result<i32, StoreError> {
+    pub async fn migrate(&self) -> Result<i32> {
         schema::migrate(&self.target).await
     }
 
@@ -142,12 +145,12 @@ impl PostgresStore {
         self.writer.stats()
     }
 
-    async fn write(&self, write: Write) -> Result<Outcome, StoreError> {
+    async fn write(&self, write: Write) -> Result<Outcome> {
         self.writer.submit(write).await
     }
 
     /// A document write: through the writer with its event, otherwise on its own.
-    async fn write_doc(&self, write: DocWrite) -> Result<(), StoreError> {
+    async fn write_doc(&self, write: DocWrite) -> Result<()> {
         if write.has_event() {
             return match self.write(Write::Doc(write)).await? {
                 Outcome::DocWritten => Ok(()),
@@ -170,7 +173,7 @@ impl PostgresStore {
     /// The setting `key`, set to `value` first if it has none. The first proposal to
     /// commit wins: a racing insert waits for it and then does nothing, and the read
     /// that follows (a statement of its own, so with a newer snapshot) sees the winner.
-    async fn set_once(&self, key: &str, value: &str) -> Result<String, StoreError> {
+    async fn set_once(&self, key: &str, value: &str) -> Result<String> {
         let op = "read a log setting";
         // Read first: once set, the value never changes.
         let rows = self.pool.query(op, log::META, &[&key]).await?;
@@ -192,7 +195,7 @@ pub(crate) fn unexpected(op: &str) -> StoreError {
 
 #[async_trait]
 impl Store for PostgresStore {
-    async fn create_request(&self, transition: &SealedTransition) -> Result<Created, StoreError> {
+    async fn create_request(&self, transition: &SealedTransition) -> Result<Created> {
         let row = TransitionRow::of(transition)?;
         match self.write(Write::CreateRequest(row)).await? {
             Outcome::Created(Inserted::New) => Ok(Created::New(transition.request.clone())),
@@ -201,7 +204,7 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn get_request(&self, id: &str) -> Result<Option<ApprovalRequest>, StoreError> {
+    async fn get_request(&self, id: &str) -> Result<Option<ApprovalRequest>> {
         let rows = self
             .pool
             .query("read a request", requests::GET, &[&id])
@@ -209,7 +212,7 @@ impl Store for PostgresStore {
         Ok(requests::decode_bodies(&rows)?.into_iter().next())
     }
 
-    async fn apply(&self, transition: &SealedTransition) -> Result<(), StoreError> {
+    async fn apply(&self, transition: &SealedTransition) -> Result<()> {
         let row = TransitionRow::of(transition)?;
         match self.write(Write::Apply(row)).await? {
             Outcome::Applied => Ok(()),
@@ -217,17 +220,14 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn append_event(&self, event: &SealedEvent) -> Result<u64, StoreError> {
+    async fn append_event(&self, event: &SealedEvent) -> Result<u64> {
         match self.write(Write::AppendEvent(EventRow::of(event)?)).await? {
             Outcome::Appended(seq) => Ok(seq),
             _ => Err(unexpected("append_event")),
         }
     }
 
-    async fn list_requests(
-        &self,
-        query: &RequestQuery,
-    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+    async fn list_requests(&self, query: &RequestQuery) -> Result<Vec<ApprovalRequest>> {
         let (sql, params) = requests::list_query(query);
         let params: Vec<&(dyn ToSql + Sync)> =
             params.iter().map(|p| &**p as &(dyn ToSql + Sync)).collect();
@@ -235,11 +235,7 @@ impl Store for PostgresStore {
         requests::decode_bodies(&rows)
     }
 
-    async fn due_for_expiry(
-        &self,
-        now: Timestamp,
-        limit: usize,
-    ) -> Result<Vec<ApprovalRequest>, StoreError> {
+    async fn due_for_expiry(&self, now: Timestamp, limit: usize) -> Result<Vec<ApprovalRequest>> {
         let (now, limit) = requests::due_params(now, limit);
         let rows = self
             .pool
@@ -252,7 +248,7 @@ impl Store for PostgresStore {
         requests::decode_bodies(&rows)
     }
 
-    async fn next_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
+    async fn next_expiry(&self) -> Result<Option<Timestamp>> {
         let row = self
             .pool
             .query_one("find the next expiry", requests::NEXT_EXPIRY, &[])
@@ -260,11 +256,7 @@ impl Store for PostgresStore {
         requests::decode_next_expiry(&row)
     }
 
-    async fn create_token(
-        &self,
-        token: &TokenRecord,
-        event: &SealedEvent,
-    ) -> Result<(), StoreError> {
+    async fn create_token(&self, token: &TokenRecord, event: &SealedEvent) -> Result<()> {
         let new = NewToken::of(token, EventRow::of(event)?);
         match self.write(Write::CreateToken(new)).await? {
             Outcome::TokenCreated => Ok(()),
@@ -272,7 +264,7 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>, StoreError> {
+    async fn token_by_hash(&self, hash: &str) -> Result<Option<TokenRecord>> {
         let rows = self
             .pool
             .query("read a token", &tokens::by_hash_sql(), &[&hash])
@@ -280,7 +272,7 @@ impl Store for PostgresStore {
         Ok(tokens::decode_tokens(&rows)?.into_iter().next())
     }
 
-    async fn list_tokens(&self) -> Result<Vec<TokenRecord>, StoreError> {
+    async fn list_tokens(&self) -> Result<Vec<TokenRecord>> {
         let rows = self
             .pool
             .query("list tokens", &tokens::list_sql(), &[])
@@ -293,7 +285,7 @@ impl Store for PostgresStore {
         id: &str,
         at: Timestamp,
         event: &SealedEvent,
-    ) -> Result<TokenRecord, StoreError> {
+    ) -> Result<TokenRecord> {
         let revocation = Revocation::new(id, at, EventRow::of(event)?);
         match self.write(Write::RevokeToken(revocation)).await? {
             Outcome::Revoked(token) => Ok(token),
@@ -301,7 +293,7 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn events_after(&self, after: u64, limit: usize) -> Result<Vec<StoredEvent>, StoreError> {
+    async fn events_after(&self, after: u64, limit: usize) -> Result<Vec<StoredEvent>> {
         let (after, limit) = events::after_params(after, limit);
         let rows = self
             .pool
@@ -310,7 +302,7 @@ impl Store for PostgresStore {
         events::decode_events(&rows)
     }
 
-    async fn events_of_subject(&self, subject: &str) -> Result<Vec<StoredEvent>, StoreError> {
+    async fn events_of_subject(&self, subject: &str) -> Result<Vec<StoredEvent>> {
         let rows = self
             .pool
             .query("read a subject's events", events::OF_SUBJECT, &[&subject])
@@ -318,7 +310,7 @@ impl Store for PostgresStore {
         events::decode_events(&rows)
     }
 
-    async fn payloads(&self, seqs: &[u64]) -> Result<BTreeMap<u64, PayloadOpening>, StoreError> {
+    async fn payloads(&self, seqs: &[u64]) -> Result<BTreeMap<u64, PayloadOpening>> {
         let wanted = events::payload_seqs(seqs);
         if wanted.is_empty() {
             return Ok(BTreeMap::new());
@@ -330,7 +322,7 @@ impl Store for PostgresStore {
         events::decode_payloads(&rows)
     }
 
-    async fn erase_payloads(&self, seqs: &[u64]) -> Result<u64, StoreError> {
+    async fn erase_payloads(&self, seqs: &[u64]) -> Result<u64> {
         let wanted = events::payload_seqs(seqs);
         if wanted.is_empty() {
             return Ok(0);
@@ -344,7 +336,7 @@ impl Store for PostgresStore {
             .await
     }
 
-    async fn last_event_seq(&self) -> Result<u64, StoreError> {
+    async fn last_event_seq(&self) -> Result<u64> {
         let row = self
             .pool
             .query_one("read the last event number", events::LAST_SEQ, &[])
@@ -352,11 +344,11 @@ impl Store for PostgresStore {
         events::decode_last_seq(&row)
     }
 
-    async fn log_origin(&self, origin: &str) -> Result<String, StoreError> {
+    async fn log_origin(&self, origin: &str) -> Result<String> {
         self.set_once("origin", origin).await
     }
 
-    async fn integrated_size(&self) -> Result<u64, StoreError> {
+    async fn integrated_size(&self) -> Result<u64> {
         let rows = self
             .pool
             .query(
@@ -368,17 +360,12 @@ impl Store for PostgresStore {
         decode_integrated_size(log::decode_meta(&rows)?)
     }
 
-    async fn integrate(
-        &self,
-        from: u64,
-        to: u64,
-        nodes: &[(NodeId, Hash)],
-    ) -> Result<bool, StoreError> {
+    async fn integrate(&self, from: u64, to: u64, nodes: &[(NodeId, Hash)]) -> Result<bool> {
         let mut client = self.pool.client("integrate log entries").await?;
         log::integrate(&mut client, from, to, nodes).await
     }
 
-    async fn log_nodes(&self, ids: &[NodeId]) -> Result<BTreeMap<NodeId, Hash>, StoreError> {
+    async fn log_nodes(&self, ids: &[NodeId]) -> Result<BTreeMap<NodeId, Hash>> {
         if ids.is_empty() {
             return Ok(BTreeMap::new());
         }
@@ -390,7 +377,7 @@ impl Store for PostgresStore {
         log::decode_nodes(&wanted, &rows)
     }
 
-    async fn add_checkpoint(&self, checkpoint: &StoredCheckpoint) -> Result<(), StoreError> {
+    async fn add_checkpoint(&self, checkpoint: &StoredCheckpoint) -> Result<()> {
         let size = to_sql_int(checkpoint.size);
         let at = checkpoint.created_at.millis();
         self.pool
@@ -403,7 +390,7 @@ impl Store for PostgresStore {
         Ok(())
     }
 
-    async fn checkpoint(&self, size: Option<u64>) -> Result<Option<StoredCheckpoint>, StoreError> {
+    async fn checkpoint(&self, size: Option<u64>) -> Result<Option<StoredCheckpoint>> {
         let op = "read a checkpoint";
         let rows = match size {
             Some(size) => {
@@ -416,7 +403,7 @@ impl Store for PostgresStore {
         Ok(log::decode_checkpoints(&rows)?.into_iter().next())
     }
 
-    async fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>, StoreError> {
+    async fn checkpoints(&self) -> Result<Vec<StoredCheckpoint>> {
         let rows = self
             .pool
             .query("read checkpoints", log::CHECKPOINTS, &[])
@@ -424,7 +411,7 @@ impl Store for PostgresStore {
         log::decode_checkpoints(&rows)
     }
 
-    async fn doc_get(&self, kind: &str, id: &str) -> Result<Option<Doc>, StoreError> {
+    async fn doc_get(&self, kind: &str, id: &str) -> Result<Option<Doc>> {
         let rows = self
             .pool
             .query("read a document", &docs::get_sql(), &[&kind, &id])
@@ -432,7 +419,7 @@ impl Store for PostgresStore {
         Ok(docs::decode_docs(&rows)?.into_iter().next())
     }
 
-    async fn doc_by_key(&self, kind: &str, key: &str) -> Result<Option<Doc>, StoreError> {
+    async fn doc_by_key(&self, kind: &str, key: &str) -> Result<Option<Doc>> {
         let rows = self
             .pool
             .query("look up a document", &docs::by_key_sql(), &[&kind, &key])
@@ -440,12 +427,7 @@ impl Store for PostgresStore {
         Ok(docs::decode_docs(&rows)?.into_iter().next())
     }
 
-    async fn doc_list(
-        &self,
-        kind: &str,
-        id_prefix: &str,
-        limit: usize,
-    ) -> Result<Vec<Doc>, StoreError> {
+    async fn doc_list(&self, kind: &str, id_prefix: &str, limit: usize) -> Result<Vec<Doc>> {
         let op = "list documents";
         let limit = to_sql_int(limit);
         let rows = match docs::prefix_end(id_prefix) {
@@ -467,7 +449,7 @@ impl Store for PostgresStore {
         docs::decode_docs(&rows)
     }
 
-    async fn doc_list_recent(&self, kind: &str, limit: usize) -> Result<Vec<Doc>, StoreError> {
+    async fn doc_list_recent(&self, kind: &str, limit: usize) -> Result<Vec<Doc>> {
         let limit = to_sql_int(limit);
         let rows = self
             .pool
@@ -480,17 +462,17 @@ impl Store for PostgresStore {
         docs::decode_docs(&rows)
     }
 
-    async fn doc_insert(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<(), StoreError> {
+    async fn doc_insert(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<()> {
         self.write_doc(DocWrite::new(DocOp::Insert, doc, event)?)
             .await
     }
 
-    async fn doc_update(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<(), StoreError> {
+    async fn doc_update(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<()> {
         self.write_doc(DocWrite::new(DocOp::Update, doc, event)?)
             .await
     }
 
-    async fn doc_delete(&self, kind: &str, id: &str) -> Result<bool, StoreError> {
+    async fn doc_delete(&self, kind: &str, id: &str) -> Result<bool> {
         let deleted = self
             .pool
             .execute("delete a document", docs::DELETE, &[&kind, &id])
@@ -498,7 +480,7 @@ impl Store for PostgresStore {
         Ok(deleted > 0)
     }
 
-    async fn doc_delete_prefix(&self, kind: &str, id_prefix: &str) -> Result<u64, StoreError> {
+    async fn doc_delete_prefix(&self, kind: &str, id_prefix: &str) -> Result<u64> {
         let op = "delete documents";
         if id_prefix.is_empty() {
             return Ok(0);
@@ -517,11 +499,11 @@ impl Store for PostgresStore {
         }
     }
 
-    async fn meta_set_once(&self, key: &str, value: &str) -> Result<String, StoreError> {
+    async fn meta_set_once(&self, key: &str, value: &str) -> Result<String> {
         self.set_once(key, value).await
     }
 
-    async fn meta_list(&self, prefix: &str) -> Result<Vec<(String, String)>, StoreError> {
+    async fn meta_list(&self, prefix: &str) -> Result<Vec<(String, String)>> {
         let rows = self
             .pool
             .query("read settings", docs::META_PREFIX, &[&prefix])
@@ -529,7 +511,7 @@ impl Store for PostgresStore {
         docs::decode_meta_list(&rows)
     }
 
-    async fn import_request(&self, request: &ApprovalRequest) -> Result<(), StoreError> {
+    async fn import_request(&self, request: &ApprovalRequest) -> Result<()> {
         let row = RequestRow::of(request)?;
         self.pool
             .insert_new("import a request", requests::IMPORT, &row.params(), || {
@@ -538,7 +520,7 @@ impl Store for PostgresStore {
             .await
     }
 
-    async fn import_token(&self, token: &TokenRecord) -> Result<(), StoreError> {
+    async fn import_token(&self, token: &TokenRecord) -> Result<()> {
         let row = TokenRow::of(token);
         self.pool
             .insert_new(
@@ -550,11 +532,11 @@ impl Store for PostgresStore {
             .await
     }
 
-    async fn check(&self) -> Result<(), StoreError> {
+    async fn check(&self) -> Result<()> {
         self.health().await
     }
 
-    async fn listen(&self, on_change: ChangeCallback) -> Result<(), StoreError> {
+    async fn listen(&self, on_change: ChangeCallback) -> Result<()> {
         self.listeners.start(self.target.clone(), on_change).await;
         Ok(())
     }
