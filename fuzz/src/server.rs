@@ -16,9 +16,9 @@ use axum::Router;
 use axum::body::Body;
 use countersign_core::evidence::Reviewer;
 use countersign_core::{Channel, DecisionInput, NewRequest, Principal, Role, SystemClock, Verdict};
-use countersign_server::{Decider, Gate, HttpConfig, KeyRing, Settings, TransparencyLog};
+use countersign_server::{Decider, Gate, HttpConfig, KeyRing, Settings};
 use countersign_sqlite::SqliteStore;
-use countersign_store::{ChangeFeed, Store};
+use countersign_store::Store;
 use http::{Request, StatusCode};
 use tokio::runtime::Runtime;
 use tokio_util::sync::CancellationToken;
@@ -83,16 +83,6 @@ impl Server {
         let (gate, app) = rt.block_on(async {
             let store: Arc<dyn Store> =
                 Arc::new(SqliteStore::open(&base.path().join("countersign.db")).unwrap());
-            let feed = ChangeFeed::start(store.clone(), Duration::from_millis(50))
-                .await
-                .unwrap();
-            let keys = Arc::new(KeyRing::from_signer(signer()));
-            let clock: Arc<dyn countersign_core::Clock> = Arc::new(SystemClock);
-            let log = Arc::new(
-                TransparencyLog::open(store.clone(), keys.clone(), clock.clone(), ORIGIN)
-                    .await
-                    .unwrap(),
-            );
             let settings = Settings {
                 reviewer: Some(Reviewer {
                     id: "reviewer:qa".into(),
@@ -101,7 +91,12 @@ impl Server {
                 raw_payload_export: true,
                 ..Settings::default()
             };
-            let gate = Arc::new(Gate::new(store, feed, keys, clock, log, settings).unwrap());
+            let gate = Gate::builder(store, KeyRing::from_signer(signer()))
+                .log_origin(ORIGIN)
+                .settings(settings)
+                .build()
+                .await
+                .unwrap();
             tokio::spawn(
                 gate.log()
                     .clone()

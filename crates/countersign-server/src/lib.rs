@@ -7,6 +7,7 @@
 pub mod accounts;
 pub mod error;
 pub mod gate;
+pub mod hosts;
 pub mod http;
 mod ids;
 pub mod keyring;

@@ -21,10 +21,30 @@ use crate::rooms::Rooms;
 /// How often the change feed looks for other processes' writes, unless told otherwise.
 pub const DEFAULT_FEED_POLL: Duration = Duration::from_millis(50);
 
+/// Where a gate's signing keys come from.
+pub enum Keys {
+    /// A directory (created on first use, with a new key).
+    Dir(PathBuf),
+    /// A key ring already loaded (fixed keys, in tests and fuzzing).
+    Ring(KeyRing),
+}
+
+impl From<PathBuf> for Keys {
+    fn from(dir: PathBuf) -> Self {
+        Keys::Dir(dir)
+    }
+}
+
+impl From<KeyRing> for Keys {
+    fn from(ring: KeyRing) -> Self {
+        Keys::Ring(ring)
+    }
+}
+
 /// Builds a [`Gate`]; see [`Gate::builder`].
 pub struct GateBuilder {
     store: Arc<dyn Store>,
-    keys_dir: PathBuf,
+    keys: Keys,
     clock: Arc<dyn Clock>,
     feed_poll: Duration,
     log_origin: Option<String>,
@@ -32,10 +52,10 @@ pub struct GateBuilder {
 }
 
 impl GateBuilder {
-    pub(super) fn new(store: Arc<dyn Store>, keys_dir: PathBuf) -> Self {
+    pub(super) fn new(store: Arc<dyn Store>, keys: Keys) -> Self {
         Self {
             store,
-            keys_dir,
+            keys,
             clock: Arc::new(SystemClock),
             feed_poll: DEFAULT_FEED_POLL,
             log_origin: None,
@@ -70,19 +90,18 @@ impl GateBuilder {
     pub async fn build(self) -> Result<Arc<Gate>, GateError> {
         let GateBuilder {
             store,
-            keys_dir,
+            keys,
             clock,
             feed_poll,
             log_origin,
             settings,
         } = self;
-        if settings.session_seconds == 0 {
-            return Err(GateError::BadInput(
-                "a dashboard session must last at least a second".into(),
-            ));
-        }
-        let keys = KeyRing::open_or_create(&keys_dir, clock.now())
-            .map_err(|e| GateError::internal("could not load the signing key", e))?;
+        settings.validate().map_err(GateError::BadInput)?;
+        let keys = match keys {
+            Keys::Ring(ring) => ring,
+            Keys::Dir(dir) => KeyRing::open_or_create(&dir, clock.now())
+                .map_err(|e| GateError::internal("could not load the signing key", e))?,
+        };
         crate::keyring::publish(&*store, &keys)
             .await
             .map_err(|e| GateError::internal("could not publish the signing key", e))?;

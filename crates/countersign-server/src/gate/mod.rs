@@ -27,7 +27,7 @@ use crate::keyring::KeyRing;
 use crate::log::TransparencyLog;
 use crate::rooms::Rooms;
 
-pub use builder::GateBuilder;
+pub use builder::{GateBuilder, Keys};
 
 /// How often a waiting call reports progress (MCP asks for at least every 10 s).
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
@@ -37,6 +37,8 @@ pub const DEFAULT_WAIT_SECONDS: u64 = 45;
 pub const MAX_WAIT_SECONDS: u64 = 300;
 /// How long a dashboard session lasts unless configured otherwise.
 pub const DEFAULT_SESSION_SECONDS: u64 = 12 * 3600;
+/// The longest a dashboard session may be configured to last: 30 days.
+pub const MAX_SESSION_SECONDS: u64 = 30 * 24 * 3600;
 
 /// A wait of `given` seconds (or `default`), refused beyond [`MAX_WAIT_SECONDS`].
 pub fn wait_time(given: Option<u64>, default: u64) -> Result<Duration, GateError> {
@@ -72,6 +74,19 @@ pub struct Settings {
     pub session_seconds: u64,
 }
 
+impl Settings {
+    /// Checks the settings that have bounds; the message names the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=MAX_SESSION_SECONDS).contains(&self.session_seconds) {
+            return Err(format!(
+                "a dashboard session must last between 1 second and {} hours",
+                MAX_SESSION_SECONDS / 3600
+            ));
+        }
+        Ok(())
+    }
+}
+
 impl Default for Settings {
     fn default() -> Self {
         Self {
@@ -98,10 +113,11 @@ pub struct Gate {
 }
 
 impl Gate {
-    /// Assembles a gate over `store`, signing with the key in `keys_dir` (created on
-    /// first use): the one way the binary, the crash harness and the tests build one.
-    pub fn builder(store: Arc<dyn Store>, keys_dir: impl Into<std::path::PathBuf>) -> GateBuilder {
-        GateBuilder::new(store, keys_dir.into())
+    /// Assembles a gate over `store`, signing with `keys` (a directory, whose key is
+    /// created on first use, or a loaded key ring): the one way the binary, the crash
+    /// harness, the fuzz targets and the tests build one.
+    pub fn builder(store: Arc<dyn Store>, keys: impl Into<Keys>) -> GateBuilder {
+        GateBuilder::new(store, keys.into())
     }
 
     /// The dashboard's accounts and sessions.

@@ -17,7 +17,7 @@ use super::error::{ApiError, ApiJson};
 use super::{AppState, Channels};
 use crate::error::GateError;
 use crate::links;
-use crate::notify::slack::outcome_line;
+use crate::notify::outcome_line;
 use crate::views::ApprovalView;
 fn token_decisions_on(channels: &Option<Extension<Arc<Channels>>>) -> Result<(), GateError> {
     match channels {

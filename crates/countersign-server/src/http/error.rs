@@ -145,6 +145,21 @@ mod tests {
     use super::*;
 
     #[test]
+    fn the_http_defaults_pass_their_own_bounds() {
+        let mut config = super::super::HttpConfig::default();
+        assert_eq!(config.validate(), Ok(()));
+        assert_eq!(config.public_url, "http://127.0.0.1:8787");
+        config.max_body_bytes = super::super::MIN_BODY_BYTES - 1;
+        assert!(config.validate().unwrap_err().contains("max_body_bytes"));
+        let mut settings = crate::Settings::default();
+        assert_eq!(settings.validate(), Ok(()));
+        settings.session_seconds = 0;
+        assert!(settings.validate().is_err());
+        settings.session_seconds = crate::gate::MAX_SESSION_SECONDS + 1;
+        assert!(settings.validate().is_err());
+    }
+
+    #[test]
     fn every_kind_has_the_status_clients_rely_on() {
         let cases = [
             (GateError::BadInput("x".into()), 400),

@@ -45,6 +45,11 @@ use crate::notify::NotifyConfig;
 
 pub use server::serve;
 
+/// Where `countersign serve` listens unless told otherwise.
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+/// The smallest `max_body_bytes` allowed: less would refuse ordinary requests.
+pub const MIN_BODY_BYTES: usize = 1024;
+
 /// How the HTTP server is exposed. `HttpConfig::default()` states each default once;
 /// the binary's config starts from it.
 #[derive(Debug, Clone)]
@@ -63,11 +68,21 @@ pub struct HttpConfig {
 impl Default for HttpConfig {
     fn default() -> Self {
         Self {
-            allowed_hosts: vec!["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            allowed_hosts: crate::hosts::LOOPBACK_HOSTS.map(String::from).to_vec(),
             operator_tools: false,
             max_body_bytes: 1024 * 1024,
-            public_url: "http://127.0.0.1:8787".into(),
+            public_url: format!("http://{DEFAULT_LISTEN}"),
         }
+    }
+}
+
+impl HttpConfig {
+    /// Checks the settings that have bounds; the message names the setting.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_body_bytes < MIN_BODY_BYTES {
+            return Err(format!("max_body_bytes must be at least {MIN_BODY_BYTES}"));
+        }
+        Ok(())
     }
 }
 

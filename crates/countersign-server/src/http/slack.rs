@@ -30,7 +30,8 @@ use sha2::{Digest, Sha256};
 use super::error::error_response;
 use super::{AppState, Channels};
 use crate::error::GateError;
-use crate::notify::slack::{APPROVE, REJECT, SlackConfig, call, modal, outcome_line};
+use crate::notify::outcome_line;
+use crate::notify::slack::{APPROVE, REJECT, SlackConfig, call, modal};
 
 /// Requests older than this (by `X-Slack-Request-Timestamp`) are refused.
 pub const MAX_AGE_SECONDS: i64 = 5 * 60;

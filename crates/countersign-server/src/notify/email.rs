@@ -12,17 +12,18 @@
 //! changes nothing) and decides only when the approver clicks Confirm (a POST carrying
 //! the token, which it consumes).
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use countersign_core::{ApprovalRequest, Status};
+use countersign_core::{ApprovalRequest, Status, Timestamp};
 use countersign_store::{Collection, Docs, StoreError, kinds};
 use lettre::message::Mailbox;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::smtp::{SmtpUrl, build, deliver};
-use super::{Delivery, Notifier, SendResult, permanent};
+use super::smtp::{build, deliver};
+use super::{
+    Delivery, DeliveryChannel, EmailConfig, Outbound, SendResult, outcome_line, permanent,
+};
 use crate::links::{self, TokenLink};
 
 /// Who was emailed about a request, for follow-ups.
@@ -37,51 +38,6 @@ pub(crate) struct SentDocs;
 impl Collection for SentDocs {
     const KIND: &'static str = kinds::EMAIL_SENT;
     type Body = SentTo;
-}
-
-/// How long an emailed decision token works unless configured otherwise.
-pub const DEFAULT_TOKEN_MINUTES: u64 = 30;
-/// Whether follow-up emails are sent unless configured otherwise.
-pub const DEFAULT_FOLLOW_UPS: bool = true;
-
-/// How countersign sends email, and who may decide by email.
-#[derive(Clone, PartialEq, Eq)]
-pub struct EmailConfig {
-    pub smtp: SmtpUrl,
-    /// The From address, e.g. `countersign <approvals@example.com>`.
-    pub from: String,
-    pub username: Option<String>,
-    pub password: Option<String>,
-    /// Certificates (PEM) trusted for the SMTP server besides the Mozilla roots: a
-    /// private CA's, or a self-signed server's (`[email] ca_file`).
-    pub extra_roots: Option<Vec<u8>>,
-    /// Email address (lowercase) → countersign dashboard username.
-    pub approvers: BTreeMap<String, String>,
-    /// Whether emails carry one-time decision tokens (an operator's opt-in).
-    pub token_decisions: bool,
-    /// How long a decision token works.
-    pub token_minutes: u64,
-    /// Whether decisions, timeouts and cancellations send a follow-up email.
-    pub follow_ups: bool,
-}
-
-impl std::fmt::Debug for EmailConfig {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("EmailConfig")
-            .field("smtp", &self.smtp)
-            .field("from", &self.from)
-            .field("username", &self.username)
-            .field("password", &self.password.as_ref().map(|_| "***"))
-            .field(
-                "extra_roots",
-                &self.extra_roots.as_ref().map(|pem| pem.len()),
-            )
-            .field("approvers", &self.approvers)
-            .field("token_decisions", &self.token_decisions)
-            .field("token_minutes", &self.token_minutes)
-            .field("follow_ups", &self.follow_ups)
-            .finish()
-    }
 }
 
 // ---- the message ------------------------------------------------------------------------
@@ -122,7 +78,7 @@ pub fn compose(
         public_url.trim_end_matches('/'),
         request.id
     );
-    let outcome = super::slack::outcome_line(request);
+    let outcome = outcome_line(request);
     let title = if ask {
         if reminder {
             "Reminder: approval still needed"
@@ -255,37 +211,59 @@ pub async fn send_test(config: &EmailConfig, to: &str, public_url: &str) -> Resu
 
 // ---- deliveries -------------------------------------------------------------------------
 
+/// The follow-up email telling `to` how a request ended.
+pub(crate) fn follow_up(
+    origin: &str,
+    request: &ApprovalRequest,
+    to: &str,
+    event_type: &str,
+    now: Timestamp,
+) -> Delivery {
+    Delivery::new(
+        origin,
+        format!("followup.{}.email.{}", request.id, to.to_ascii_lowercase()),
+        Some(request.id.clone()),
+        event_type,
+        DeliveryChannel::Email {
+            to: to.to_string(),
+            reminder: false,
+        },
+        now,
+    )
+}
+
 /// Sends a request, a reminder or a follow-up to `to`.
 pub(super) async fn send(
-    notifier: &Notifier,
+    out: &Outbound,
     delivery: &Delivery,
     to: &str,
     reminder: bool,
+    later: &mut Vec<Delivery>,
 ) -> SendResult {
-    let Some(config) = &notifier.config.email else {
+    let Some(config) = &out.config.email else {
         return Err(permanent("email is not configured on this server"));
     };
     let Some(id) = &delivery.subject else {
         return Err(permanent("the delivery names no request"));
     };
-    let gate = &notifier.gate;
+    let gate = &out.gate;
     let request = gate
         .store()
         .get_request(id)
         .await
         .map_err(|e| format!("could not read the request: {e}"))?
         .ok_or_else(|| permanent(format!("request {id} does not exist")))?;
-    let now = notifier.now();
+    let now = out.now();
     let ask = matches!(
         delivery.event_type.as_str(),
         "request.created" | "request.reminder"
     );
     if ask && (request.status != Status::Pending || request.is_past_expiry(now)) {
         return Ok(Some(json!({
-            "skipped": format!("not sent: the request was already closed ({})", super::slack::outcome_line(&request)),
+            "skipped": format!("not sent: the request was already closed ({})", outcome_line(&request)),
         })));
     }
-    let public_url = &notifier.config.public_url;
+    let public_url = &out.config.public_url;
     let token = match (ask, approver_of(config, to)) {
         (true, Some(username)) if config.token_decisions => Some(
             links::issue(
@@ -332,7 +310,7 @@ pub(super) async fn send(
         }
     }
     // Each SMTP command is cut off within the lease, like every other send.
-    let timeout = Duration::from_secs(notifier.config.lease_seconds.clamp(1, 10));
+    let timeout = Duration::from_secs(out.config.lease_seconds.clamp(1, 10));
     deliver(config, message, timeout).await?;
     if ask
         && config.follow_ups
@@ -340,10 +318,13 @@ pub(super) async fn send(
         && current.status.is_final()
     {
         // Closed while this was being sent: make sure the follow-up goes out.
-        let follow = super::plan::follow_up(gate, &current, to, "request.decided", now);
-        if let Err(e) = notifier.insert(&follow).await {
-            tracing::warn!(%e, "could not plan a follow-up email");
-        }
+        later.push(follow_up(
+            out.origin(),
+            &current,
+            to,
+            "request.decided",
+            now,
+        ));
     }
     Ok(Some(json!({
         "to": to,

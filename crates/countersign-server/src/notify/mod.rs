@@ -21,13 +21,16 @@ pub mod slack;
 pub mod smtp;
 pub mod webhook;
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use countersign_core::Timestamp;
+use countersign_core::{ApprovalRequest, Status, Timestamp, Verdict};
 use countersign_store::{Collection, Docs, Store, kinds};
 use serde::{Deserialize, Serialize};
 
 use crate::error::GateError;
+use crate::gate::Gate;
+use smtp::SmtpUrl;
 
 pub use outbox::Notifier;
 pub use plan::plan;
@@ -113,7 +116,7 @@ pub struct NotifyConfig {
     /// The Slack app requests are posted as, if configured.
     pub slack: Option<slack::SlackConfig>,
     /// The SMTP server emails go through, if configured.
-    pub email: Option<email::EmailConfig>,
+    pub email: Option<EmailConfig>,
     /// How people reach this server, for links in messages.
     pub public_url: String,
 }
@@ -143,6 +146,21 @@ impl NotifyConfig {
         if self.lease_seconds == 0 {
             return Err("[notify] lease_seconds must be at least 1".into());
         }
+        if self
+            .reminders
+            .as_ref()
+            .is_some_and(|r| r.after_seconds < 60)
+        {
+            return Err("[reminders] after_minutes must be at least 1".into());
+        }
+        if let Some(email) = &self.email
+            && !(1..=MAX_TOKEN_MINUTES).contains(&email.token_minutes)
+        {
+            return Err(format!(
+                "[email] token_minutes must be between 1 and {}",
+                MAX_TOKEN_MINUTES
+            ));
+        }
         if self.history_days < MIN_HISTORY_DAYS {
             return Err(format!(
                 "[notify] history_days is {}; at least {MIN_HISTORY_DAYS} are needed (a request \
@@ -158,6 +176,56 @@ impl NotifyConfig {
             && self.default_routes.is_empty()
             && self.slack.is_none()
             && self.email.is_none()
+    }
+}
+
+/// How long an emailed decision token works unless configured otherwise.
+pub const DEFAULT_TOKEN_MINUTES: u64 = 30;
+/// Whether follow-up emails are sent unless configured otherwise.
+pub const DEFAULT_FOLLOW_UPS: bool = true;
+/// Whether emails carry one-time decision links unless configured otherwise: off, an
+/// operator opts in.
+pub const DEFAULT_TOKEN_DECISIONS: bool = false;
+/// The longest an emailed decision token may be configured to work: a day.
+pub const MAX_TOKEN_MINUTES: u64 = 24 * 60;
+
+/// How countersign sends email, and who may decide by email.
+#[derive(Clone, PartialEq, Eq)]
+pub struct EmailConfig {
+    pub smtp: SmtpUrl,
+    /// The From address, e.g. `countersign <approvals@example.com>`.
+    pub from: String,
+    pub username: Option<String>,
+    pub password: Option<String>,
+    /// Certificates (PEM) trusted for the SMTP server besides the Mozilla roots: a
+    /// private CA's, or a self-signed server's (`[email] ca_file`).
+    pub extra_roots: Option<Vec<u8>>,
+    /// Email address (lowercase) → countersign dashboard username.
+    pub approvers: BTreeMap<String, String>,
+    /// Whether emails carry one-time decision tokens (an operator's opt-in).
+    pub token_decisions: bool,
+    /// How long a decision token works.
+    pub token_minutes: u64,
+    /// Whether decisions, timeouts and cancellations send a follow-up email.
+    pub follow_ups: bool,
+}
+
+impl std::fmt::Debug for EmailConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EmailConfig")
+            .field("smtp", &self.smtp)
+            .field("from", &self.from)
+            .field("username", &self.username)
+            .field("password", &self.password.as_ref().map(|_| "***"))
+            .field(
+                "extra_roots",
+                &self.extra_roots.as_ref().map(|pem| pem.len()),
+            )
+            .field("approvers", &self.approvers)
+            .field("token_decisions", &self.token_decisions)
+            .field("token_minutes", &self.token_minutes)
+            .field("follow_ups", &self.follow_ups)
+            .finish()
     }
 }
 
@@ -204,6 +272,37 @@ pub enum DeliveryChannel {
     Slack { to: String, reminder: bool },
     SlackUpdate { to: String },
     Email { to: String, reminder: bool },
+}
+
+impl Delivery {
+    /// A new pending delivery of this installation (`origin`, the log's); `seq` and
+    /// `body` are set by the caller when it has them.
+    pub(crate) fn new(
+        origin: &str,
+        id: String,
+        subject: Option<String>,
+        event_type: &str,
+        channel: DeliveryChannel,
+        now: Timestamp,
+    ) -> Self {
+        Delivery {
+            message_id: message_id(origin, &id),
+            id,
+            seq: 0,
+            subject,
+            event_type: event_type.to_string(),
+            channel,
+            attempts: 0,
+            next_at: now,
+            lease_until: None,
+            last_error: None,
+            status: DeliveryStatus::Pending,
+            created_at: now,
+            finished_at: None,
+            receipt: None,
+            body: None,
+        }
+    }
 }
 
 impl DeliveryChannel {
@@ -254,6 +353,24 @@ pub const MIN_HISTORY_DAYS: u64 = 8;
 /// How many pending deliveries one pass looks at (as many as the history lists).
 const PENDING_SCAN_LIMIT: usize = 100_000;
 
+/// What a transport sends with: the gate (to read requests and remember what was sent),
+/// the settings, and an HTTP client whose every call ends within the lease.
+pub(crate) struct Outbound {
+    pub gate: Arc<Gate>,
+    pub config: NotifyConfig,
+    pub http: reqwest::Client,
+}
+
+impl Outbound {
+    pub fn now(&self) -> Timestamp {
+        self.gate.now()
+    }
+
+    pub fn origin(&self) -> &str {
+        self.gate.log().origin()
+    }
+}
+
 /// What a transport reports after trying to send.
 pub type SendResult = Result<Option<serde_json::Value>, String>;
 
@@ -275,6 +392,37 @@ pub async fn history(store: &Arc<dyn Store>, limit: usize) -> Result<Vec<Deliver
     Ok(all)
 }
 
+/// Who decided (through which channel) and when, or why the request closed.
+pub fn outcome_line(request: &ApprovalRequest) -> String {
+    match (&request.status, &request.decision) {
+        (Status::Approved | Status::Rejected, Some(d)) => {
+            let who = d
+                .approvers
+                .iter()
+                .map(|a| format!("{} via {}", a.display_name, a.channel.as_str()))
+                .collect::<Vec<_>>()
+                .join(", ");
+            format!("{} by {who} at {}", verdict_word(d.decision), d.decided_at)
+        }
+        (Status::TimedOut, _) => format!(
+            "Timed out at {}: nobody decided, so it is not approved",
+            request.closed_at.unwrap_or(request.expires_at)
+        ),
+        (Status::Cancelled, _) => format!(
+            "Cancelled at {}",
+            request.closed_at.unwrap_or(request.requested_at)
+        ),
+        (status, _) => format!("Status: {status}"),
+    }
+}
+
+pub(crate) fn verdict_word(verdict: Verdict) -> &'static str {
+    match verdict {
+        Verdict::Approved => "Approved",
+        Verdict::Rejected => "Rejected",
+    }
+}
+
 /// The stable message id of a planned delivery.
 pub(crate) fn message_id(origin: &str, delivery_id: &str) -> String {
     use sha2::{Digest, Sha256};
@@ -282,16 +430,85 @@ pub(crate) fn message_id(origin: &str, delivery_id: &str) -> String {
     format!("msg_{}", hex::encode(&digest[..16]))
 }
 
-/// Event types as notifications name them.
-pub(crate) fn event_type(kind: countersign_core::EventKind) -> Option<&'static str> {
+/// The event types notifications are sent for (webhooks subscribe to these), with
+/// the log event each names.
+const NOTIFIED: [(countersign_core::EventKind, &str); 6] = {
     use countersign_core::EventKind::*;
-    Some(match kind {
-        RequestCreated => "request.created",
-        RequestDecided => "request.decided",
-        RequestTimedOut => "request.timed_out",
-        RequestCancelled => "request.cancelled",
-        ActionRecorded => "action.recorded",
-        OutcomeRecorded => "outcome.recorded",
-        _ => return None,
-    })
+    [
+        (RequestCreated, "request.created"),
+        (RequestDecided, "request.decided"),
+        (RequestTimedOut, "request.timed_out"),
+        (RequestCancelled, "request.cancelled"),
+        (ActionRecorded, "action.recorded"),
+        (OutcomeRecorded, "outcome.recorded"),
+    ]
+};
+
+/// The event types a webhook may subscribe to.
+pub const EVENT_TYPES: [&str; 6] = {
+    let mut names = [""; 6];
+    let mut i = 0;
+    while i < NOTIFIED.len() {
+        names[i] = NOTIFIED[i].1;
+        i += 1;
+    }
+    names
+};
+
+/// The event type notifications name an event by, if it is notified.
+pub(crate) fn event_type(kind: countersign_core::EventKind) -> Option<&'static str> {
+    NOTIFIED
+        .iter()
+        .find(|(k, _)| *k == kind)
+        .map(|(_, name)| *name)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_pass_and_each_bound_is_named() {
+        assert_eq!(NotifyConfig::default().validate(), Ok(()));
+        let bad = |change: fn(&mut NotifyConfig)| {
+            let mut config = NotifyConfig::default();
+            change(&mut config);
+            config.validate().unwrap_err()
+        };
+        assert!(bad(|c| c.max_attempts = 0).contains("max_attempts"));
+        assert!(bad(|c| c.lease_seconds = 0).contains("lease_seconds"));
+        assert!(bad(|c| c.history_days = MIN_HISTORY_DAYS - 1).contains("history_days"));
+        assert!(
+            bad(|c| {
+                c.reminders = Some(ReminderConfig {
+                    after_seconds: 59,
+                    escalate_after_seconds: None,
+                    escalate_to: Vec::new(),
+                })
+            })
+            .contains("after_minutes")
+        );
+    }
+
+    #[test]
+    fn every_notified_event_has_a_subscribable_type() {
+        use countersign_core::EventKind;
+        let named: Vec<&str> = [
+            EventKind::RequestCreated,
+            EventKind::RequestDecided,
+            EventKind::RequestTimedOut,
+            EventKind::RequestCancelled,
+            EventKind::ActionRecorded,
+            EventKind::OutcomeRecorded,
+            EventKind::TokenCreated,
+            EventKind::MessagePosted,
+        ]
+        .into_iter()
+        .filter_map(event_type)
+        .collect();
+        assert_eq!(
+            named, EVENT_TYPES,
+            "the six request events, in order, and no others"
+        );
+    }
 }

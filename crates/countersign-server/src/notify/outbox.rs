@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use super::{
-    Delivery, DeliveryChannel, DeliveryStatus, DoneDocs, NotifyConfig, PENDING_SCAN_LIMIT,
-    PERMANENT, PendingDocs, SendResult, email, history, plan, slack, webhook,
+    Delivery, DeliveryChannel, DeliveryStatus, DoneDocs, NotifyConfig, Outbound,
+    PENDING_SCAN_LIMIT, PERMANENT, PendingDocs, SendResult, email, history, plan, slack, webhook,
 };
 use crate::error::GateError;
 use crate::gate::Gate;
@@ -45,9 +45,7 @@ fn backoff(attempts: u32) -> u64 {
 
 /// Sends planned deliveries over the configured transports.
 pub struct Notifier {
-    pub(super) gate: Arc<Gate>,
-    pub(super) config: NotifyConfig,
-    pub(super) http: reqwest::Client,
+    out: Outbound,
 }
 
 impl Notifier {
@@ -59,11 +57,13 @@ impl Notifier {
             ))
             .build()
             .map_err(|e| GateError::internal("HTTP client", e))?;
-        Ok(Self { gate, config, http })
+        Ok(Self {
+            out: Outbound { gate, config, http },
+        })
     }
 
     fn store(&self) -> &dyn Store {
-        &**self.gate.store()
+        &**self.out.gate.store()
     }
 
     fn pending(&self) -> Docs<'_, PendingDocs> {
@@ -74,8 +74,8 @@ impl Notifier {
         Docs::new(self.store())
     }
 
-    pub(super) fn now(&self) -> Timestamp {
-        self.gate.now()
+    fn now(&self) -> Timestamp {
+        self.out.now()
     }
 
     /// Plans deliveries for every event after the outbox cursor and moves the cursor.
@@ -103,7 +103,7 @@ impl Notifier {
                 return Ok(planned);
             };
             for event in &events {
-                for delivery in plan(&self.config, &self.gate, event, self.now()).await? {
+                for delivery in plan(&self.out.config, &self.out.gate, event, self.now()).await? {
                     planned += self.insert(&delivery).await? as usize;
                 }
             }
@@ -143,11 +143,13 @@ impl Notifier {
 
     /// Plans reminders and escalations for requests that waited too long.
     pub async fn plan_reminders(&self) -> Result<usize, GateError> {
-        let Some(reminders) = &self.config.reminders else {
+        let Some(reminders) = &self.out.config.reminders else {
             return Ok(0);
         };
         let mut planned = 0;
-        for delivery in plan::reminders(&self.config, reminders, &self.gate, self.now()).await? {
+        for delivery in
+            plan::reminders(&self.out.config, reminders, &self.out.gate, self.now()).await?
+        {
             planned += self.insert(&delivery).await? as usize;
         }
         Ok(planned)
@@ -166,7 +168,7 @@ impl Notifier {
             }
             // Claim it: only one process wins the version.
             let mut claimed = delivery.clone();
-            claimed.lease_until = Some(now.plus_seconds(self.config.lease_seconds));
+            claimed.lease_until = Some(now.plus_seconds(self.out.config.lease_seconds));
             claimed.attempts += 1;
             let version = match self.pending().update(&stored, &claimed, now, None).await {
                 Ok(version) => version,
@@ -191,17 +193,30 @@ impl Notifier {
         Ok(sent)
     }
 
+    /// Sends one delivery; deliveries the send found due meanwhile (a request that
+    /// closed while its message went out) are planned at once.
     async fn send(&self, delivery: &Delivery) -> SendResult {
+        let mut later = Vec::new();
+        let result = self.transport(delivery, &mut later).await;
+        for next in later {
+            if let Err(e) = self.insert(&next).await {
+                tracing::warn!(%e, delivery = %next.id, "could not plan a follow-up delivery");
+            }
+        }
+        result
+    }
+
+    async fn transport(&self, delivery: &Delivery, later: &mut Vec<Delivery>) -> SendResult {
         match &delivery.channel {
             DeliveryChannel::Webhook { name, url } => {
-                let Some(config) = self.config.webhooks.iter().find(|w| &w.name == name) else {
+                let Some(config) = self.out.config.webhooks.iter().find(|w| &w.name == name) else {
                     return Err(format!("webhook {name} is no longer configured"));
                 };
                 let Some(body) = &delivery.body else {
                     return Err("the delivery has no body".into());
                 };
                 webhook::send(
-                    &self.http,
+                    &self.out.http,
                     url,
                     &config.secret,
                     &delivery.message_id,
@@ -211,11 +226,11 @@ impl Notifier {
                 .await
             }
             DeliveryChannel::Slack { to, reminder } => {
-                slack::send_post(self, delivery, to, *reminder).await
+                slack::send_post(&self.out, delivery, to, *reminder, later).await
             }
-            DeliveryChannel::SlackUpdate { .. } => slack::send_update(self, delivery).await,
+            DeliveryChannel::SlackUpdate { .. } => slack::send_update(&self.out, delivery).await,
             DeliveryChannel::Email { to, reminder } => {
-                email::send(self, delivery, to, *reminder).await
+                email::send(&self.out, delivery, to, *reminder, later).await
             }
         }
     }
@@ -252,12 +267,13 @@ impl Notifier {
                     Some(rest) => format!("{rest} (not retried)"),
                     None => error,
                 });
-                if given_up || delivery.attempts >= self.config.max_attempts {
+                if given_up || delivery.attempts >= self.out.config.max_attempts {
                     delivery.status = DeliveryStatus::Failed;
                     delivery.finished_at = Some(now);
                     self.retire(&delivery).await?;
                     // A Slack message that cannot be delivered falls back to email.
-                    for fallback in plan::fallback(&self.config, &self.gate, &delivery, now).await?
+                    for fallback in
+                        plan::fallback(&self.out.config, &self.out.gate, &delivery, now).await?
                     {
                         self.insert(&fallback).await?;
                     }
@@ -293,8 +309,8 @@ impl Notifier {
     /// returns how many it deleted. Every instance may run it: deleting what another
     /// already deleted is a no-op.
     pub async fn prune_history(&self) -> Result<u64, GateError> {
-        let keep_ms =
-            i64::try_from(self.config.history_days.saturating_mul(86_400_000)).unwrap_or(i64::MAX);
+        let keep_ms = i64::try_from(self.out.config.history_days.saturating_mul(86_400_000))
+            .unwrap_or(i64::MAX);
         let now = self.now();
         let deleted = self.prune::<DoneDocs>(keep_ms, now).await?
             + self.prune::<slack::MessageDocs>(keep_ms, now).await?
@@ -302,7 +318,7 @@ impl Notifier {
         if deleted > 0 {
             tracing::info!(
                 deleted,
-                days = self.config.history_days,
+                days = self.out.config.history_days,
                 "pruned the delivery history"
             );
         }
@@ -355,6 +371,6 @@ impl Notifier {
 
     /// The delivery history, newest first (for admins).
     pub async fn history(&self, limit: usize) -> Result<Vec<Delivery>, GateError> {
-        history(self.gate.store(), limit).await
+        history(self.out.gate.store(), limit).await
     }
 }

@@ -3,18 +3,17 @@
 use countersign_core::{ApprovalRequest, Status, Timestamp};
 use countersign_store::{Docs, RequestQuery, StoredEvent};
 
-use super::email::SentDocs;
-use super::slack::MessageDocs;
+use super::email::{self, SentDocs};
+use super::slack::{self, MessageDocs};
 use super::{
     Delivery, DeliveryChannel, DeliveryStatus, NotifyConfig, ReminderConfig, Route, event_type,
-    message_id,
 };
 use crate::error::GateError;
 use crate::gate::Gate;
 use crate::views::ApprovalView;
 
-/// A new pending delivery; `seq` and `body` are set by the caller when it has them.
-pub(crate) fn delivery(
+/// A new pending delivery of this server's.
+fn delivery(
     gate: &Gate,
     id: String,
     subject: Option<String>,
@@ -22,23 +21,7 @@ pub(crate) fn delivery(
     channel: DeliveryChannel,
     now: Timestamp,
 ) -> Delivery {
-    Delivery {
-        message_id: message_id(gate.log().origin(), &id),
-        id,
-        seq: 0,
-        subject,
-        event_type: event_type.to_string(),
-        channel,
-        attempts: 0,
-        next_at: now,
-        lease_until: None,
-        last_error: None,
-        status: DeliveryStatus::Pending,
-        created_at: now,
-        finished_at: None,
-        receipt: None,
-        body: None,
-    }
+    Delivery::new(gate.log().origin(), id, subject, event_type, channel, now)
 }
 
 /// The deliveries one event calls for.
@@ -147,7 +130,7 @@ pub(crate) fn routing(config: &NotifyConfig, request: &ApprovalRequest) -> Routi
             )),
             Route::Slack(to)
                 if !emails.is_empty()
-                    && super::slack::is_user_id(to)
+                    && slack::is_user_id(to)
                     && !config
                         .slack
                         .as_ref()
@@ -246,51 +229,6 @@ fn route_deliveries(
     out
 }
 
-/// An update of one posted Slack message to the request's outcome.
-pub(crate) fn slack_update(
-    gate: &Gate,
-    request_id: &str,
-    message_delivery_id: &str,
-    channel: &str,
-    ts: &str,
-    event_type: &str,
-    now: Timestamp,
-) -> Delivery {
-    let mut d = delivery(
-        gate,
-        format!("update.{request_id}.{message_delivery_id}"),
-        Some(request_id.to_string()),
-        event_type,
-        DeliveryChannel::SlackUpdate {
-            to: channel.to_string(),
-        },
-        now,
-    );
-    d.body = Some(serde_json::json!({"channel": channel, "ts": ts}).to_string());
-    d
-}
-
-/// The follow-up email telling `to` how a request ended.
-pub(crate) fn follow_up(
-    gate: &Gate,
-    request: &ApprovalRequest,
-    to: &str,
-    event_type: &str,
-    now: Timestamp,
-) -> Delivery {
-    delivery(
-        gate,
-        format!("followup.{}.email.{}", request.id, to.to_ascii_lowercase()),
-        Some(request.id.clone()),
-        event_type,
-        DeliveryChannel::Email {
-            to: to.to_string(),
-            reminder: false,
-        },
-        now,
-    )
-}
-
 /// A closed request: every Slack message sent for it is updated, and everyone emailed
 /// about it gets a follow-up (when enabled). Its unused email tokens are dropped.
 async fn closing_deliveries(
@@ -306,8 +244,8 @@ async fn closing_deliveries(
     if config.slack.is_some() {
         for posted in Docs::<MessageDocs>::new(store).list(&prefix, 1000).await? {
             let m = &posted.body;
-            out.push(slack_update(
-                gate,
+            out.push(slack::update(
+                gate.log().origin(),
                 &request.id,
                 &m.delivery_id,
                 &m.channel,
@@ -320,7 +258,13 @@ async fn closing_deliveries(
     if let Some(email) = &config.email {
         if email.follow_ups {
             for sent in Docs::<SentDocs>::new(store).list(&prefix, 1000).await? {
-                out.push(follow_up(gate, request, &sent.body.to, kind, now));
+                out.push(email::follow_up(
+                    gate.log().origin(),
+                    request,
+                    &sent.body.to,
+                    kind,
+                    now,
+                ));
             }
         }
         crate::links::forget(gate, &request.id).await?;

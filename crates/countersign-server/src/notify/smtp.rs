@@ -6,7 +6,6 @@
 //! `smtp://host[:port]` (port 25), which is refused unless the host is the loopback
 //! (a local relay).
 
-use std::net::IpAddr;
 use std::time::Duration;
 
 use lettre::message::{Mailbox, MultiPart};
@@ -14,7 +13,7 @@ use lettre::transport::smtp::authentication::Credentials;
 use lettre::transport::smtp::client::{Certificate, Tls, TlsParameters};
 use lettre::{AsyncSmtpTransport, AsyncTransport, Message, Tokio1Executor};
 
-use super::email::EmailConfig;
+use super::EmailConfig;
 use super::permanent;
 
 /// How the connection to the SMTP server is protected.
@@ -88,7 +87,7 @@ impl SmtpUrl {
             Security::StartTls => 587,
             Security::Tls => 465,
         });
-        if security == Security::Plain && !is_loopback(&host) {
+        if security == Security::Plain && !crate::hosts::is_loopback(&host) {
             return Err(format!(
                 "smtp_url {url:?} would send mail (and any password) unencrypted over the network; use smtps://{host} (TLS, port 465) or smtp://{host}:587?tls=starttls. Plain smtp:// is only allowed to a relay on the loopback (127.0.0.1, ::1, localhost)"
             ));
@@ -140,14 +139,6 @@ fn split_host_port(authority: &str) -> Option<(String, Option<u16>)> {
         return None;
     }
     Some((host.to_ascii_lowercase(), port))
-}
-
-fn is_loopback(host: &str) -> bool {
-    host == "localhost"
-        || host
-            .parse::<IpAddr>()
-            .map(|ip| ip.is_loopback())
-            .unwrap_or(false)
 }
 
 /// Whether `address` is a valid mailbox (`a@b.c` or `Name <a@b.c>`).

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use countersign_core::{FixedClock, Timestamp};
-use countersign_server::notify::email::EmailConfig;
+use countersign_server::notify::EmailConfig;
 use countersign_server::notify::smtp::SmtpUrl;
 use countersign_server::notify::{Notifier, NotifyConfig, ReminderConfig, Route};
 use serde_json::json;

@@ -166,11 +166,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         Err(e) => r.fail(&format!("cannot listen on {addr}: {e}")),
     }
     if !addr.ip().is_loopback() {
-        if config
-            .allowed_hosts
-            .iter()
-            .all(|h| matches!(h.as_str(), "localhost" | "127.0.0.1" | "::1"))
-        {
+        if countersign_server::hosts::only_loopback(&config.allowed_hosts) {
             r.warn(&format!(
                 "listening on {} but allowed_hosts only has loopback names: remote clients will get 403; add the server's hostname",
                 addr.ip()

@@ -88,7 +88,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         config.data_dir.display(),
         gate.keys().signer().kid()
     );
-    if !addr.ip().is_loopback() && config.allowed_hosts.iter().all(|h| is_loopback_name(h)) {
+    if !addr.ip().is_loopback() && countersign_server::hosts::only_loopback(&config.allowed_hosts) {
         eprintln!(
             "note: listening on {} but allowed_hosts only names loopback; add this server's hostname to allowed_hosts or remote clients get 403",
             addr.ip()
@@ -126,10 +126,6 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-fn is_loopback_name(host: &str) -> bool {
-    matches!(host, "localhost" | "127.0.0.1" | "::1")
 }
 
 async fn wait_for_signal() {

@@ -8,28 +8,16 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use countersign_server::notify::email::{self, EmailConfig};
 use countersign_server::notify::slack::{self, SlackConfig};
 use countersign_server::notify::smtp::{self, Security, SmtpUrl};
-use countersign_server::notify::{NotifyConfig, ReminderConfig, Route, WebhookConfig};
+use countersign_server::notify::{
+    self, EVENT_TYPES, EmailConfig, NotifyConfig, ReminderConfig, Route, WebhookConfig,
+};
 
 use super::env::Env;
 use super::file::{
     ChannelSections, EmailSection, NotifySection, RemindersSection, SlackSection, WebhookSection,
 };
-
-/// The event types a webhook may subscribe to.
-const EVENT_TYPES: &[&str] = &[
-    "request.created",
-    "request.decided",
-    "request.timed_out",
-    "request.cancelled",
-    "action.recorded",
-    "outcome.recorded",
-];
-
-/// The longest an emailed decision token may work: a day.
-const MAX_TOKEN_MINUTES: u64 = 24 * 60;
 
 /// Everything about notifications; `public_url` is where their links point.
 pub fn resolve(
@@ -46,9 +34,9 @@ pub fn resolve(
         apply_notify(&mut notify, section)?;
     }
     notify.reminders = sections.reminders.map(reminders).transpose()?;
-    notify.validate().map_err(anyhow::Error::msg)?;
     notify.slack = slack_config(sections.slack, env)?;
     notify.email = email_config(sections.email, env)?;
+    notify.validate().map_err(anyhow::Error::msg)?;
     Ok(notify)
 }
 
@@ -96,9 +84,6 @@ fn apply_notify(notify: &mut NotifyConfig, section: NotifySection) -> anyhow::Re
 }
 
 fn reminders(section: RemindersSection) -> anyhow::Result<ReminderConfig> {
-    if section.after_minutes == 0 {
-        bail!("[reminders] after_minutes must be at least 1");
-    }
     Ok(ReminderConfig {
         after_seconds: section.after_minutes * 60,
         escalate_after_seconds: section.escalate_after_minutes.map(|m| m * 60),
@@ -158,30 +143,10 @@ fn slack_config(section: Option<SlackSection>, env: &Env) -> anyhow::Result<Opti
     }))
 }
 
-/// Slack's API, or a stand-in on the loopback for tests: the bot token goes there, so
-/// anything else must be https.
+/// `[slack] api_base_url`, by default Slack's own.
 fn slack_api_base_url(set: Option<String>) -> anyhow::Result<String> {
-    let url = set
-        .unwrap_or_else(|| slack::DEFAULT_API_BASE_URL.to_string())
-        .trim_end_matches('/')
-        .to_string();
-    let parsed = reqwest::Url::parse(&url)
-        .with_context(|| format!("[slack] api_base_url {url:?} is not a URL"))?;
-    let loopback = match parsed.host_str() {
-        Some("localhost") => true,
-        Some(host) => host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .parse::<std::net::IpAddr>()
-            .is_ok_and(|ip| ip.is_loopback()),
-        None => false,
-    };
-    if !(parsed.scheme() == "https" || (parsed.scheme() == "http" && loopback)) {
-        bail!(
-            "[slack] api_base_url {url:?} must be https:// (http:// only on the loopback, for tests): it carries the bot token"
-        );
-    }
-    Ok(url)
+    let url = set.unwrap_or_else(|| slack::DEFAULT_API_BASE_URL.to_string());
+    slack::check_api_base_url(&url).map_err(anyhow::Error::msg)
 }
 
 fn email_config(section: Option<EmailSection>, env: &Env) -> anyhow::Result<Option<EmailConfig>> {
@@ -218,10 +183,7 @@ fn email_config(section: Option<EmailSection>, env: &Env) -> anyhow::Result<Opti
         let username = approver_username(&format!("[email.approvers] {address}"), &username)?;
         approvers.insert(address.trim().to_ascii_lowercase(), username);
     }
-    let token_minutes = e.token_minutes.unwrap_or(email::DEFAULT_TOKEN_MINUTES);
-    if !(1..=MAX_TOKEN_MINUTES).contains(&token_minutes) {
-        bail!("[email] token_minutes must be between 1 and {MAX_TOKEN_MINUTES}");
-    }
+    let token_minutes = e.token_minutes.unwrap_or(notify::DEFAULT_TOKEN_MINUTES);
     Ok(Some(EmailConfig {
         smtp,
         from: e.from,
@@ -229,9 +191,9 @@ fn email_config(section: Option<EmailSection>, env: &Env) -> anyhow::Result<Opti
         password,
         extra_roots,
         approvers,
-        token_decisions: e.token_decisions.unwrap_or(false),
+        token_decisions: e.token_decisions.unwrap_or(notify::DEFAULT_TOKEN_DECISIONS),
         token_minutes,
-        follow_ups: e.follow_ups.unwrap_or(email::DEFAULT_FOLLOW_UPS),
+        follow_ups: e.follow_ups.unwrap_or(notify::DEFAULT_FOLLOW_UPS),
     }))
 }
 

@@ -17,21 +17,19 @@ use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use countersign_server::gate::DEFAULT_SESSION_SECONDS;
+use countersign_server::gate::{DEFAULT_SESSION_SECONDS, MAX_SESSION_SECONDS};
 use countersign_server::{HttpConfig, Settings};
 
 pub use database::Database;
 use env::Env;
 use file::{ChannelSections, FileConfig, HttpKeys, LogSection, ReviewSection};
 
-pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
+pub use countersign_server::http::DEFAULT_LISTEN;
 pub const CONFIG_FILE_NAME: &str = "countersign.toml";
 /// The signing keys' directory inside the data directory, unless `keys_dir` says otherwise.
 const KEYS_DIR_NAME: &str = "keys";
-/// A smaller limit would refuse ordinary requests.
-const MIN_BODY_BYTES: usize = 1024;
-/// `session_hours`: at least an hour, at most 30 days.
-const SESSION_HOURS: RangeInclusive<u64> = 1..=24 * 30;
+/// `session_hours`: at least an hour, at most the server's longest session.
+const SESSION_HOURS: RangeInclusive<u64> = 1..=MAX_SESSION_SECONDS / 3600;
 
 /// The settings every command resolves before it runs.
 #[derive(Debug, Clone, PartialEq)]
@@ -278,9 +276,6 @@ fn http(env: &Env, file: HttpKeys, listen: SocketAddr) -> anyhow::Result<HttpCon
         .number("COUNTERSIGN_MAX_BODY_BYTES")?
         .or(file.max_body_bytes)
         .unwrap_or(defaults.max_body_bytes);
-    if max_body_bytes < MIN_BODY_BYTES {
-        bail!("max_body_bytes must be at least {MIN_BODY_BYTES}");
-    }
     let public_url = env
         .get("COUNTERSIGN_PUBLIC_URL")
         .or(file.public_url)
@@ -288,12 +283,14 @@ fn http(env: &Env, file: HttpKeys, listen: SocketAddr) -> anyhow::Result<HttpCon
     if !(public_url.starts_with("http://") || public_url.starts_with("https://")) {
         bail!("public_url {public_url:?} must start with http:// or https://");
     }
-    Ok(HttpConfig {
+    let http = HttpConfig {
         allowed_hosts,
         operator_tools,
         max_body_bytes,
         public_url: public_url.trim_end_matches('/').to_string(),
-    })
+    };
+    http.validate().map_err(anyhow::Error::msg)?;
+    Ok(http)
 }
 
 /// `[log] origin`: it becomes the first line of every checkpoint.

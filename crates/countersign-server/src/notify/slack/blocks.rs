@@ -1,10 +1,11 @@
 //! Block Kit: the message asking for a decision, the message once it is closed, and the
 //! dialog a Reject (a reason) or an Approve with reply fields opens.
 
-use countersign_core::{ApprovalRequest, Status, Timestamp, Verdict};
+use countersign_core::{ApprovalRequest, Status, Timestamp};
 use serde_json::{Value, json};
 
 use super::{APPROVE, REJECT};
+use crate::notify::{outcome_line, verdict_word};
 
 /// Escapes text for Slack's mrkdwn.
 fn esc(text: &str) -> String {
@@ -133,37 +134,6 @@ pub fn request_message(request: &ApprovalRequest, public_url: &str, reminder: bo
         "unfurl_links": false,
         "unfurl_media": false,
     })
-}
-
-/// Who decided (through which channel) and when, or why the request closed.
-pub fn outcome_line(request: &ApprovalRequest) -> String {
-    match (&request.status, &request.decision) {
-        (Status::Approved | Status::Rejected, Some(d)) => {
-            let who = d
-                .approvers
-                .iter()
-                .map(|a| format!("{} via {}", a.display_name, a.channel.as_str()))
-                .collect::<Vec<_>>()
-                .join(", ");
-            format!("{} by {who} at {}", verdict_word(d.decision), d.decided_at)
-        }
-        (Status::TimedOut, _) => format!(
-            "Timed out at {}: nobody decided, so it is not approved",
-            request.closed_at.unwrap_or(request.expires_at)
-        ),
-        (Status::Cancelled, _) => format!(
-            "Cancelled at {}",
-            request.closed_at.unwrap_or(request.requested_at)
-        ),
-        (status, _) => format!("Status: {status}"),
-    }
-}
-
-fn verdict_word(verdict: Verdict) -> &'static str {
-    match verdict {
-        Verdict::Approved => "Approved",
-        Verdict::Rejected => "Rejected",
-    }
 }
 
 /// The message once the request is closed: who decided and when, no buttons.

@@ -7,15 +7,15 @@ mod blocks;
 
 use std::collections::BTreeMap;
 
-use countersign_core::Status;
+use countersign_core::{Status, Timestamp};
 use countersign_store::{Collection, Docs, StoreError, kinds};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{Delivery, Notifier, SendResult, permanent};
+use super::{Delivery, DeliveryChannel, Outbound, SendResult, outcome_line, permanent};
 
 pub use api::{ApiFailure, auth_test, call};
-pub use blocks::{final_message, modal, outcome_line, request_message};
+pub use blocks::{final_message, modal, request_message};
 
 pub const DEFAULT_API_BASE_URL: &str = "https://slack.com/api";
 /// The buttons' action ids and the modals' callback ids.
@@ -62,6 +62,21 @@ impl std::fmt::Debug for SlackConfig {
     }
 }
 
+/// Checks (and trims) `[slack] api_base_url`: Slack's API, or a stand-in on the loopback
+/// for tests. The bot token goes there, so anything else must be https.
+pub fn check_api_base_url(url: &str) -> Result<String, String> {
+    let url = url.trim_end_matches('/').to_string();
+    let parsed = reqwest::Url::parse(&url)
+        .map_err(|e| format!("[slack] api_base_url {url:?} is not a URL: {e}"))?;
+    let loopback = parsed.host_str().is_some_and(crate::hosts::is_loopback);
+    if !(parsed.scheme() == "https" || (parsed.scheme() == "http" && loopback)) {
+        return Err(format!(
+            "[slack] api_base_url {url:?} must be https:// (http:// only on the loopback, for tests): it carries the bot token"
+        ));
+    }
+    Ok(url)
+}
+
 /// Whether `to` names a Slack user (`U…` or `W…`) rather than a channel.
 pub fn is_user_id(to: &str) -> bool {
     to.len() >= 3
@@ -73,39 +88,65 @@ pub fn is_user_id(to: &str) -> bool {
 
 // ---- deliveries -------------------------------------------------------------------------
 
+/// The delivery that updates one posted message (`message_delivery_id` posted it, as
+/// `ts` in `channel`) to its request's outcome.
+pub(crate) fn update(
+    origin: &str,
+    request_id: &str,
+    message_delivery_id: &str,
+    channel: &str,
+    ts: &str,
+    event_type: &str,
+    now: Timestamp,
+) -> Delivery {
+    let mut d = Delivery::new(
+        origin,
+        format!("update.{request_id}.{message_delivery_id}"),
+        Some(request_id.to_string()),
+        event_type,
+        DeliveryChannel::SlackUpdate {
+            to: channel.to_string(),
+        },
+        now,
+    );
+    d.body = Some(json!({"channel": channel, "ts": ts}).to_string());
+    d
+}
+
 fn store_failure(e: impl std::fmt::Display) -> String {
     format!("could not read the request: {e}")
 }
 
 /// Posts a request (or a reminder) and remembers the message so it can be updated.
 pub(super) async fn send_post(
-    notifier: &Notifier,
+    out: &Outbound,
     delivery: &Delivery,
     to: &str,
     reminder: bool,
+    later: &mut Vec<Delivery>,
 ) -> SendResult {
-    let Some(config) = &notifier.config.slack else {
+    let Some(config) = &out.config.slack else {
         return Err(permanent("Slack is not configured on this server"));
     };
     let Some(id) = &delivery.subject else {
         return Err(permanent("the delivery names no request"));
     };
-    let request = notifier
+    let request = out
         .gate
         .store()
         .get_request(id)
         .await
         .map_err(store_failure)?
         .ok_or_else(|| permanent(format!("request {id} does not exist")))?;
-    let now = notifier.now();
+    let now = out.now();
     if request.status != Status::Pending || request.is_past_expiry(now) {
         return Ok(Some(json!({
             "skipped": format!("not posted: the request was already closed ({})", outcome_line(&request)),
         })));
     }
-    let mut body = request_message(&request, &notifier.config.public_url, reminder);
+    let mut body = request_message(&request, &out.config.public_url, reminder);
     body["channel"] = json!(to);
-    let answer = call(&notifier.http, config, "chat.postMessage", &body)
+    let answer = call(&out.http, config, "chat.postMessage", &body)
         .await
         .map_err(ApiFailure::into_send_error)?;
     let channel = answer
@@ -127,18 +168,18 @@ pub(super) async fn send_post(
         delivery_id: delivery.id.clone(),
         to: to.to_string(),
     };
-    match Docs::<MessageDocs>::new(&**notifier.gate.store())
+    match Docs::<MessageDocs>::new(&**out.gate.store())
         .insert(&format!("{id}/{}", delivery.id), None, &posted, now, None)
         .await
     {
         Ok(()) | Err(StoreError::Duplicate(_)) => {}
         Err(e) => tracing::warn!(%e, delivery = %delivery.id, "could not remember a Slack message"),
     }
-    if let Ok(Some(current)) = notifier.gate.store().get_request(id).await
+    if let Ok(Some(current)) = out.gate.store().get_request(id).await
         && current.status.is_final()
     {
-        let update = super::plan::slack_update(
-            &notifier.gate,
+        let update = update(
+            out.origin(),
             &current.id,
             &delivery.id,
             &channel,
@@ -146,16 +187,14 @@ pub(super) async fn send_post(
             "request.decided",
             now,
         );
-        if let Err(e) = notifier.insert(&update).await {
-            tracing::warn!(%e, "could not plan a Slack update");
-        }
+        later.push(update);
     }
     Ok(Some(receipt))
 }
 
 /// Replaces a posted message with the request's outcome.
-pub(super) async fn send_update(notifier: &Notifier, delivery: &Delivery) -> SendResult {
-    let Some(config) = &notifier.config.slack else {
+pub(super) async fn send_update(out: &Outbound, delivery: &Delivery) -> SendResult {
+    let Some(config) = &out.config.slack else {
         return Err(permanent("Slack is not configured on this server"));
     };
     let target: Value = delivery
@@ -166,7 +205,7 @@ pub(super) async fn send_update(notifier: &Notifier, delivery: &Delivery) -> Sen
     let Some(id) = &delivery.subject else {
         return Err(permanent("the delivery names no request"));
     };
-    let request = notifier
+    let request = out
         .gate
         .store()
         .get_request(id)
@@ -176,7 +215,7 @@ pub(super) async fn send_update(notifier: &Notifier, delivery: &Delivery) -> Sen
     let mut body = final_message(&request);
     body["channel"] = target["channel"].clone();
     body["ts"] = target["ts"].clone();
-    call(&notifier.http, config, "chat.update", &body)
+    call(&out.http, config, "chat.update", &body)
         .await
         .map_err(ApiFailure::into_send_error)?;
     Ok(Some(target))
