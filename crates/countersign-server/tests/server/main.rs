@@ -14,3 +14,4 @@ mod races;
 mod reminders;
 mod rooms;
 mod ui;
+mod upgrade;
