@@ -14,7 +14,7 @@ use countersign_core::accounts::{
 };
 use countersign_core::token::hash_token;
 use countersign_core::{Clock, Event, EventKind, Principal, Role, SealedEvent};
-use countersign_store::{Collection, Docs, Store, StoreError, Stored, kinds};
+use countersign_store::{Docs, Store, StoreError, Stored, collection, kinds};
 use serde_json::json;
 
 use crate::error::GateError;
@@ -25,34 +25,26 @@ pub use countersign_core::accounts::MIN_PASSWORD_CHARS;
 /// How long an invitation link works.
 pub const INVITE_SECONDS: u64 = 24 * 3600;
 
-/// Accounts, by id; keyed by username.
-pub struct UserDocs;
-impl Collection for UserDocs {
-    const KIND: &'static str = kinds::USER;
-    type Body = User;
-}
+collection!(
+    /// Accounts, by id; keyed by username.
+    pub UserDocs: kinds::USER => User
+);
 
-/// Sessions, `{user_id}/{hash prefix}`; keyed by the session token's hash.
-struct SessionDocs;
-impl Collection for SessionDocs {
-    const KIND: &'static str = kinds::SESSION;
-    type Body = Session;
-}
+collection!(
+    /// Sessions, `{user_id}/{hash prefix}`; keyed by the session token's hash.
+    SessionDocs: kinds::SESSION => Session
+);
 
-/// Setup and invitation links, keyed by the link token's hash.
-struct InviteDocs;
-impl Collection for InviteDocs {
-    const KIND: &'static str = kinds::INVITE;
-    type Body = Invite;
-}
+collection!(
+    /// Setup and invitation links, keyed by the link token's hash.
+    InviteDocs: kinds::INVITE => Invite
+);
 
-/// Claims of the first-admin slot: of two setup links accepted at once (say on two
-/// instances), exactly one creates the admin. The body is the claiming username.
-struct SetupClaimDocs;
-impl Collection for SetupClaimDocs {
-    const KIND: &'static str = kinds::SETUP_CLAIM;
-    type Body = String;
-}
+collection!(
+    /// Claims of the first-admin slot: of two setup links accepted at once (say on two
+    /// instances), exactly one creates the admin. The body is the claiming username.
+    SetupClaimDocs: kinds::SETUP_CLAIM => String
+);
 
 /// What a sign-in attempt came to.
 #[derive(Debug)]

@@ -7,7 +7,7 @@ use countersign_core::token::hash_token;
 use countersign_core::{
     ApprovalRequest, AuthMethod, Channel, Decider, DecisionInput, Timestamp, Verdict,
 };
-use countersign_store::{Collection, Docs, Stored, kinds};
+use countersign_store::{Docs, Stored, collection, kinds};
 use serde::{Deserialize, Serialize};
 
 use crate::error::GateError;
@@ -24,12 +24,10 @@ pub struct LinkRecord {
     pub created_at: Timestamp,
 }
 
-/// Tokens, `{request_id}/{random}`; keyed by the token's SHA-256.
-pub(crate) struct LinkDocs;
-impl Collection for LinkDocs {
-    const KIND: &'static str = kinds::EMAIL_TOKEN;
-    type Body = LinkRecord;
-}
+collection!(
+    /// Tokens, `{request_id}/{random}`; keyed by the token's SHA-256.
+    pub(crate) LinkDocs: kinds::EMAIL_TOKEN => LinkRecord
+);
 
 /// A one-time decision link.
 pub struct TokenLink {
@@ -209,7 +207,11 @@ mod tests {
         assert_eq!(link.expires_at, now.plus_seconds(1800));
         let token = link.url.split_once("#t=").unwrap().1.to_string();
         // Only the hash is stored.
-        let stored = gate.store().doc_list(LinkDocs::KIND, "", 10).await.unwrap();
+        let stored = gate
+            .store()
+            .doc_list(kinds::EMAIL_TOKEN, "", 10)
+            .await
+            .unwrap();
         assert_eq!(stored.len(), 1);
         assert!(!stored[0].body.to_string().contains(&token));
         assert_eq!(stored[0].key.as_deref(), Some(hash_token(&token).as_str()));

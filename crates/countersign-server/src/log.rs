@@ -319,6 +319,6 @@ impl TransparencyLog {
             entries,
             decisions,
         })
-        .map_err(|e| GateError::Store(StoreError::Backend(e.to_string())))
+        .map_err(|e| GateError::internal("could not build the evidence bundle", e))
     }
 }

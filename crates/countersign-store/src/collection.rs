@@ -48,6 +48,26 @@ pub mod kinds {
     pub const EMAIL_SENT: &str = "email.sent";
 }
 
+/// Declares a collection: a marker type naming a document kind and its body type.
+///
+/// ```ignore
+/// collection!(
+///     /// Accounts, by id; keyed by username.
+///     pub UserDocs: kinds::USER => User
+/// );
+/// ```
+#[macro_export]
+macro_rules! collection {
+    ($(#[$meta:meta])* $vis:vis $name:ident: $kind:expr => $body:ty) => {
+        $(#[$meta])*
+        $vis struct $name;
+        impl $crate::Collection for $name {
+            const KIND: &'static str = $kind;
+            type Body = $body;
+        }
+    };
+}
+
 /// A kind of document and the type of its body.
 pub trait Collection {
     /// The stored kind: one of [`kinds`].

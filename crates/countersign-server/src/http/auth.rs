@@ -191,6 +191,23 @@ impl FromRequestParts<AppState> for Caller {
     }
 }
 
+/// Extractors that narrow a [`Caller`]: each says what the caller must be, and refuses
+/// everyone else before the handler runs.
+macro_rules! narrows_caller {
+    ($name:ident, |$caller:ident| $narrow:expr) => {
+        impl FromRequestParts<AppState> for $name {
+            type Rejection = ApiError;
+            async fn from_request_parts(
+                parts: &mut Parts,
+                state: &AppState,
+            ) -> Result<Self, Self::Rejection> {
+                let $caller = Caller::from_request_parts(parts, state).await?;
+                $narrow
+            }
+        }
+    };
+}
+
 /// A caller allowed to decide: an approver or admin. Agents get 403.
 pub struct Approver {
     pub gate: Arc<Gate>,
@@ -198,55 +215,32 @@ pub struct Approver {
     pub channel: Channel,
 }
 
-impl FromRequestParts<AppState> for Approver {
-    type Rejection = ApiError;
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        let caller = Caller::from_request_parts(parts, state).await?;
-        Ok(Approver {
-            gate: caller.gate,
-            decider: Decider::new(caller.who)?,
-            channel: caller.channel,
-        })
-    }
-}
+narrows_caller!(Approver, |caller| Ok(Approver {
+    gate: caller.gate,
+    decider: Decider::new(caller.who)?,
+    channel: caller.channel,
+}));
 
 /// An admin. Everyone else gets 403.
 pub struct Admin(pub Caller);
 
-impl FromRequestParts<AppState> for Admin {
-    type Rejection = ApiError;
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        let caller = Caller::from_request_parts(parts, state).await?;
-        if caller.who.role == Role::Admin {
-            Ok(Admin(caller))
-        } else {
-            Err(ApiError(GateError::Forbidden(format!(
-                "{} is not an admin; this needs an admin (token or account)",
-                caller.who.id
-            ))))
-        }
+narrows_caller!(Admin, |caller| {
+    if caller.who.role == Role::Admin {
+        Ok(Admin(caller))
+    } else {
+        Err(ApiError(GateError::Forbidden(format!(
+            "{} is not an admin; this needs an admin (token or account)",
+            caller.who.id
+        ))))
     }
-}
+});
 
 /// A caller signed in through the dashboard (its account and session).
 pub struct Dashboard(pub Arc<SignedIn>);
 
-impl FromRequestParts<AppState> for Dashboard {
-    type Rejection = ApiError;
-    async fn from_request_parts(
-        parts: &mut Parts,
-        state: &AppState,
-    ) -> Result<Self, Self::Rejection> {
-        Caller::from_request_parts(parts, state)
-            .await?
-            .session
-            .map(Dashboard)
-            .ok_or_else(|| ApiError(GateError::Unauthenticated("sign in first".into())))
-    }
-}
+narrows_caller!(Dashboard, |caller| caller
+    .session
+    .map(Dashboard)
+    .ok_or_else(|| ApiError(GateError::Unauthenticated(
+        "sign in first".into()
+    ))));

@@ -21,7 +21,7 @@ use axum::{Extension, Json};
 use countersign_core::{
     ApprovalRequest, AuthMethod, Channel, Decider, DecisionInput, Status, Timestamp, Verdict,
 };
-use countersign_store::{Collection, Docs, StoreError, kinds};
+use countersign_store::{Docs, StoreError, collection, kinds};
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -48,12 +48,10 @@ pub(super) struct Seen {
     at: Timestamp,
 }
 
-/// Interactions already handled: `{day}/{sha256 of the interaction's id}`.
-pub(super) struct SeenDocs;
-impl Collection for SeenDocs {
-    const KIND: &'static str = kinds::SLACK_INTERACTION;
-    type Body = Seen;
-}
+collection!(
+    /// Interactions already handled: `{day}/{sha256 of the interaction's id}`.
+    pub(super) SeenDocs: kinds::SLACK_INTERACTION => Seen
+);
 /// Checks the signature and the timestamp; the reason in words when refused.
 pub fn verify(
     signing_secret: &str,

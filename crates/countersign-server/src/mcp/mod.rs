@@ -174,31 +174,31 @@ impl ServerHandler for McpService {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        if self.operator_router.has_route(&request.name) {
-            if !self.operator_allowed(&context) {
-                return Err(ErrorData::invalid_params(
-                    format!(
-                        "tool {} is an operator tool: it needs operator_tools = true in the server's config and an approver or admin token",
-                        request.name
-                    ),
-                    None,
-                ));
+        // The guarded groups: who may call them, and what to say to anyone else.
+        let guarded = [
+            (
+                &self.operator_router,
+                self.operator_allowed(&context),
+                "is an operator tool: it needs operator_tools = true in the server's config and an approver or admin token",
+            ),
+            (
+                &self.room_admin_router,
+                self.may_decide(&context),
+                "is for room admins: it needs an approver or admin token",
+            ),
+        ];
+        for (router, allowed, refusal) in guarded {
+            if router.has_route(&request.name) {
+                if !allowed {
+                    return Err(ErrorData::invalid_params(
+                        format!("tool {} {refusal}", request.name),
+                        None,
+                    ));
+                }
+                return router
+                    .call(ToolCallContext::new(self, request, context))
+                    .await;
             }
-            let tcc = ToolCallContext::new(self, request, context);
-            return self.operator_router.call(tcc).await;
-        }
-        if self.room_admin_router.has_route(&request.name) {
-            if !self.may_decide(&context) {
-                return Err(ErrorData::invalid_params(
-                    format!(
-                        "tool {} is for room admins: it needs an approver or admin token",
-                        request.name
-                    ),
-                    None,
-                ));
-            }
-            let tcc = ToolCallContext::new(self, request, context);
-            return self.room_admin_router.call(tcc).await;
         }
         let tcc = ToolCallContext::new(self, request, context);
         self.agent_router.call(tcc).await

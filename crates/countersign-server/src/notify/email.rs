@@ -15,7 +15,7 @@
 use std::time::Duration;
 
 use countersign_core::{ApprovalRequest, Status, Timestamp};
-use countersign_store::{Collection, Docs, StoreError, kinds};
+use countersign_store::{Docs, StoreError, collection, kinds};
 use lettre::message::Mailbox;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -33,12 +33,10 @@ pub(crate) struct SentTo {
     pub delivery_id: String,
 }
 
-/// Addresses emailed about a request: `{request_id}/{address}`.
-pub(crate) struct SentDocs;
-impl Collection for SentDocs {
-    const KIND: &'static str = kinds::EMAIL_SENT;
-    type Body = SentTo;
-}
+collection!(
+    /// Addresses emailed about a request: `{request_id}/{address}`.
+    pub(crate) SentDocs: kinds::EMAIL_SENT => SentTo
+);
 
 // ---- the message ------------------------------------------------------------------------
 
@@ -243,16 +241,9 @@ pub(super) async fn send(
     let Some(config) = &out.config.email else {
         return Err(permanent("email is not configured on this server"));
     };
-    let Some(id) = &delivery.subject else {
-        return Err(permanent("the delivery names no request"));
-    };
     let gate = &out.gate;
-    let request = gate
-        .store()
-        .get_request(id)
-        .await
-        .map_err(|e| format!("could not read the request: {e}"))?
-        .ok_or_else(|| permanent(format!("request {id} does not exist")))?;
+    let request = out.request(delivery).await?;
+    let id = &request.id;
     let now = out.now();
     let ask = matches!(
         delivery.event_type.as_str(),

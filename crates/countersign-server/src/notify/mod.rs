@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use countersign_core::{ApprovalRequest, Status, Timestamp, Verdict};
-use countersign_store::{Collection, Docs, Store, kinds};
+use countersign_store::{Docs, Store, collection, kinds};
 use serde::{Deserialize, Serialize};
 
 use crate::error::GateError;
@@ -327,19 +327,15 @@ pub enum DeliveryStatus {
     Skipped,
 }
 
-/// Deliveries waiting to be sent or retried, by id.
-pub(crate) struct PendingDocs;
-impl Collection for PendingDocs {
-    const KIND: &'static str = kinds::DELIVERY_PENDING;
-    type Body = Delivery;
-}
+collection!(
+    /// Deliveries waiting to be sent or retried, by id.
+    pub(crate) PendingDocs: kinds::DELIVERY_PENDING => Delivery
+);
 
-/// Finished deliveries (sent, failed, skipped): the history, by id.
-pub(crate) struct DoneDocs;
-impl Collection for DoneDocs {
-    const KIND: &'static str = kinds::DELIVERY_DONE;
-    type Body = Delivery;
-}
+collection!(
+    /// Finished deliveries (sent, failed, skipped): the history, by id.
+    pub(crate) DoneDocs: kinds::DELIVERY_DONE => Delivery
+);
 
 /// How many times a delivery is tried before it is given up, unless configured otherwise.
 pub const DEFAULT_MAX_ATTEMPTS: u32 = 12;
@@ -368,6 +364,20 @@ impl Outbound {
 
     pub fn origin(&self) -> &str {
         self.gate.log().origin()
+    }
+
+    /// The request a delivery is about (its subject), as a transport's error if it
+    /// cannot be read (retried) or is not there (given up).
+    pub async fn request(&self, delivery: &Delivery) -> Result<ApprovalRequest, String> {
+        let Some(id) = &delivery.subject else {
+            return Err(permanent("the delivery names no request"));
+        };
+        self.gate
+            .store()
+            .get_request(id)
+            .await
+            .map_err(|e| format!("could not read the request: {e}"))?
+            .ok_or_else(|| permanent(format!("request {id} does not exist")))
     }
 }
 

@@ -6,7 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use countersign_core::Timestamp;
-use countersign_store::{ChangeFeed, Collection, Docs, Store, StoreError, Stored, kinds};
+use countersign_store::{
+    ChangeFeed, Collection, Docs, Store, StoreError, Stored, collection, kinds,
+};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -30,11 +32,9 @@ struct Cursor {
     seq: u64,
 }
 
-struct CursorDocs;
-impl Collection for CursorDocs {
-    const KIND: &'static str = kinds::OUTBOX;
-    type Body = Cursor;
-}
+collection!(
+    CursorDocs: kinds::OUTBOX => Cursor
+);
 const CURSOR_ID: &str = "cursor";
 
 /// Exponential backoff: 5 s, 10 s, 20 s, ... capped at an hour.

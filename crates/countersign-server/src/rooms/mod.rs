@@ -12,7 +12,7 @@ use std::sync::Arc;
 
 use countersign_core::rooms::{self, Room, room_event};
 use countersign_core::{Clock, Decider, Event, EventKind, Principal, Timestamp};
-use countersign_store::{ChangeFeed, Collection, Docs, Store, StoreError, Stored, kinds};
+use countersign_store::{ChangeFeed, Docs, Store, StoreError, Stored, collection, kinds};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -22,28 +22,22 @@ use crate::ids::new_salt;
 pub use countersign_core::rooms::{Attention, Member, MessageView};
 pub use messages::HumanGate;
 
-/// Rooms, by name.
-struct RoomDocs;
-impl Collection for RoomDocs {
-    const KIND: &'static str = kinds::ROOM;
-    type Body = Room;
-}
+collection!(
+    /// Rooms, by name.
+    RoomDocs: kinds::ROOM => Room
+);
 
-/// Memberships, `{room}/{principal id}`.
-struct MemberDocs;
-impl Collection for MemberDocs {
-    const KIND: &'static str = kinds::MEMBER;
-    type Body = Member;
-}
+collection!(
+    /// Memberships, `{room}/{principal id}`.
+    MemberDocs: kinds::MEMBER => Member
+);
 
-/// One per answered question or resolved blocker, inserted with the answer's event in
-/// one transaction: of two people answering at once, exactly one wins. The body is
-/// `{"ref": <message id>}`.
-struct ClosedDocs;
-impl Collection for ClosedDocs {
-    const KIND: &'static str = kinds::ROOM_CLOSED;
-    type Body = serde_json::Value;
-}
+collection!(
+    /// One per answered question or resolved blocker, inserted with the answer's event in
+    /// one transaction: of two people answering at once, exactly one wins. The body is
+    /// `{"ref": <message id>}`.
+    ClosedDocs: kinds::ROOM_CLOSED => serde_json::Value
+);
 
 pub struct Rooms {
     store: Arc<dyn Store>,

@@ -27,8 +27,12 @@ fn fixture() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/upgrade/before-typed-docs")
 }
 
+/// Copies a data directory as an operator restores one: private to its owner (git
+/// keeps no modes, and the key must not be readable by others).
 fn copy_dir(from: &Path, to: &Path) {
+    use std::os::unix::fs::PermissionsExt;
     std::fs::create_dir_all(to).unwrap();
+    std::fs::set_permissions(to, std::fs::Permissions::from_mode(0o700)).unwrap();
     for entry in std::fs::read_dir(from).unwrap() {
         let entry = entry.unwrap();
         let target = to.join(entry.file_name());
@@ -36,6 +40,7 @@ fn copy_dir(from: &Path, to: &Path) {
             copy_dir(&entry.path(), &target);
         } else {
             std::fs::copy(entry.path(), &target).unwrap();
+            std::fs::set_permissions(&target, std::fs::Permissions::from_mode(0o600)).unwrap();
         }
     }
 }

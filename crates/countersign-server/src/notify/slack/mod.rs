@@ -8,7 +8,7 @@ mod blocks;
 use std::collections::BTreeMap;
 
 use countersign_core::{Status, Timestamp};
-use countersign_store::{Collection, Docs, StoreError, kinds};
+use countersign_store::{Docs, StoreError, collection, kinds};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -31,12 +31,10 @@ pub(crate) struct PostedMessage {
     pub to: String,
 }
 
-/// Slack messages sent for a request: `{request_id}/{delivery_id}`.
-pub(crate) struct MessageDocs;
-impl Collection for MessageDocs {
-    const KIND: &'static str = kinds::SLACK_MESSAGE;
-    type Body = PostedMessage;
-}
+collection!(
+    /// Slack messages sent for a request: `{request_id}/{delivery_id}`.
+    pub(crate) MessageDocs: kinds::SLACK_MESSAGE => PostedMessage
+);
 
 /// The Slack app countersign posts as.
 #[derive(Clone, PartialEq, Eq)]
@@ -113,10 +111,6 @@ pub(crate) fn update(
     d
 }
 
-fn store_failure(e: impl std::fmt::Display) -> String {
-    format!("could not read the request: {e}")
-}
-
 /// Posts a request (or a reminder) and remembers the message so it can be updated.
 pub(super) async fn send_post(
     out: &Outbound,
@@ -128,16 +122,8 @@ pub(super) async fn send_post(
     let Some(config) = &out.config.slack else {
         return Err(permanent("Slack is not configured on this server"));
     };
-    let Some(id) = &delivery.subject else {
-        return Err(permanent("the delivery names no request"));
-    };
-    let request = out
-        .gate
-        .store()
-        .get_request(id)
-        .await
-        .map_err(store_failure)?
-        .ok_or_else(|| permanent(format!("request {id} does not exist")))?;
+    let request = out.request(delivery).await?;
+    let id = &request.id;
     let now = out.now();
     if request.status != Status::Pending || request.is_past_expiry(now) {
         return Ok(Some(json!({
@@ -202,16 +188,7 @@ pub(super) async fn send_update(out: &Outbound, delivery: &Delivery) -> SendResu
         .as_deref()
         .and_then(|b| serde_json::from_str(b).ok())
         .ok_or_else(|| permanent("the update names no message"))?;
-    let Some(id) = &delivery.subject else {
-        return Err(permanent("the delivery names no request"));
-    };
-    let request = out
-        .gate
-        .store()
-        .get_request(id)
-        .await
-        .map_err(store_failure)?
-        .ok_or_else(|| permanent(format!("request {id} does not exist")))?;
+    let request = out.request(delivery).await?;
     let mut body = final_message(&request);
     body["channel"] = target["channel"].clone();
     body["ts"] = target["ts"].clone();
