@@ -1,6 +1,5 @@
-//! A data directory written by the last build before typed documents
-//! (`testdata/upgrade/before-typed-docs`, every document kind; see its README) opens with
-//! this one, and everything in it still reads and works: accounts, sessions and an open
+//! Data directories written by earlier builds (`testdata/upgrade/`, every document kind;
+//! see its README) open with this one, and everything in it still reads and works: accounts, sessions and an open
 //! invitation, rooms, members and answered questions, deliveries and the outbox cursor,
 //! Slack messages and a handled click, an email sent and its decision link, and the log.
 
@@ -23,8 +22,13 @@ use countersign_store::Store;
 use serde_json::{Value, json};
 use sha2::Sha256;
 
-fn fixture() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../testdata/upgrade/before-typed-docs")
+/// The fixtures, oldest first; each was made by `testdata/upgrade/make_fixture.py`.
+const FIXTURES: [&str; 2] = ["before-typed-docs", "before-evidence-v2"];
+
+fn fixture_dir(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../testdata/upgrade")
+        .join(name)
 }
 
 /// Copies a data directory as an operator restores one: private to its owner (git
@@ -78,6 +82,16 @@ fn channels(public_url: &str) -> NotifyConfig {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_directory_from_before_typed_documents_opens_and_works() {
+    opens_and_works(FIXTURES[0]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_directory_from_before_evidence_v2_opens_and_works() {
+    opens_and_works(FIXTURES[1]).await;
+}
+
+async fn opens_and_works(name: &str) {
+    let fixture = || fixture_dir(name);
     let meta: Value =
         serde_json::from_slice(&std::fs::read(fixture().join("fixture.json")).unwrap()).unwrap();
     let text = |path: &str| meta.pointer(path).unwrap().as_str().unwrap().to_string();
