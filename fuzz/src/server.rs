@@ -15,6 +15,7 @@ use std::time::Duration;
 use axum::Router;
 use axum::body::Body;
 use countersign_core::evidence::Reviewer;
+use countersign_server::gate::ReviewerSettings;
 use countersign_core::{Channel, DecisionInput, NewRequest, Principal, Role, SystemClock, Verdict};
 use countersign_server::{Decider, Gate, HttpConfig, KeyRing, Settings};
 use countersign_sqlite::SqliteStore;
@@ -83,10 +84,14 @@ impl Server {
         let (gate, app) = rt.block_on(async {
             let store: Arc<dyn Store> =
                 Arc::new(SqliteStore::open(&base.path().join("countersign.db")).unwrap());
+            // The agent is the reviewer, so the review route is fuzzed past its checks.
             let settings = Settings {
-                reviewer: Some(Reviewer {
-                    id: "reviewer:qa".into(),
-                    display_name: "QA".into(),
+                reviewer: Some(ReviewerSettings {
+                    principal: "token:deploy-bot".into(),
+                    label: Some(Reviewer {
+                        id: "reviewer:qa".into(),
+                        display_name: "QA".into(),
+                    }),
                 }),
                 raw_payload_export: true,
                 ..Settings::default()

@@ -40,10 +40,10 @@ impl User {
         password_hash: Option<String>,
         now: Timestamp,
     ) -> Result<Self, CoreError> {
-        if role == Role::Agent {
-            return Err(CoreError::Refused(
-                "agents do not get accounts: give them a token (countersign token create --role agent)".into(),
-            ));
+        if !role.may_decide() {
+            return Err(CoreError::Refused(format!(
+                "{role}s do not get accounts: give them a token (countersign token create --role {role})"
+            )));
         }
         let username = validate_username(username)?;
         let display_name = validate_display_name(display_name.unwrap_or(&username))?;
@@ -221,6 +221,8 @@ mod tests {
             err.to_string().contains("token create --role agent"),
             "{err}"
         );
+        let err = User::new("usr_1".into(), "pay", None, Role::Executor, None, at(0)).unwrap_err();
+        assert!(err.to_string().contains("--role executor"), "{err}");
         let user = User::new("usr_2".into(), "Alice", None, Role::Approver, None, at(0)).unwrap();
         assert_eq!(user.username, "alice");
         assert_eq!(user.display_name, "alice");

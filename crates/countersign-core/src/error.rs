@@ -83,6 +83,18 @@ pub enum NotUsable {
         request_id: String,
         valid_until: Timestamp,
     },
+    /// Redeemed for an action other than the one approved.
+    #[error(
+        "the approval for {request_id} is for the action {approved}, not the given one ({given}): do not perform it"
+    )]
+    ActionMismatch {
+        request_id: String,
+        approved: String,
+        given: String,
+    },
+    /// Not a genuine proof of this server's (its signature, key or shape is wrong).
+    #[error("the proof is not valid: {reasons}; do not perform the action")]
+    InvalidProof { reasons: String },
 }
 
 impl CoreError {

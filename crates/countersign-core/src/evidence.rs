@@ -101,8 +101,8 @@ fn optional_text(
 }
 
 impl ApprovalRequest {
-    /// Records what came of the approved action. Only after the action was recorded,
-    /// only by its requester, and only once.
+    /// Records what came of the approved action. Only after the approval was used (the
+    /// action recorded or the proof redeemed), only by its requester, and only once.
     pub fn record_outcome(
         &self,
         status: OutcomeStatus,
@@ -120,11 +120,11 @@ impl ApprovalRequest {
                 self.id, self.requested_by.id
             )));
         }
-        if self.action_record.is_none() {
+        if self.used().is_none() {
             return Err(CoreError::invalid(
                 "request_id",
                 format!(
-                    "request {} has no recorded action; call record_action when the action runs, then record its outcome",
+                    "request {} has no recorded action; call record_action when the action runs (or have the executor redeem the proof), then record its outcome",
                     self.id
                 ),
             ));
@@ -163,7 +163,8 @@ impl ApprovalRequest {
     }
 
     /// Records a review by the operator-configured `reviewer`, on a request that is no
-    /// longer pending. `by` is the authenticated caller that submitted it.
+    /// longer pending, once per reviewer. `by` is the authenticated caller that submitted
+    /// it (the gate checks it is the configured reviewer).
     pub fn record_review(
         &self,
         reviewer: &Reviewer,
@@ -182,6 +183,18 @@ impl ApprovalRequest {
                     self.id
                 ),
             ));
+        }
+        if let Some(earlier) = self.reviews.iter().find(|r| r.recorded_by == by.id) {
+            return Err(CoreError::Refused(format!(
+                "{} already reviewed request {} at {} ({}); a reviewer reviews a request once",
+                by.id,
+                self.id,
+                earlier.recorded_at,
+                match earlier.verdict {
+                    ReviewVerdict::Accepted => "accepted",
+                    ReviewVerdict::Flagged => "flagged",
+                }
+            )));
         }
         let mut reviews = self.reviews.clone();
         reviews.push(ReviewRecord {
@@ -376,6 +389,35 @@ mod tests {
             .unwrap();
         assert_eq!(t.event.data["reviewer"]["id"], "config:audit");
         assert_eq!(t.request.reviews.len(), 1);
+        let again = t
+            .request
+            .record_review(
+                &reviewer,
+                ReviewVerdict::Accepted,
+                None,
+                &agent(),
+                t0(),
+                &limits,
+            )
+            .unwrap_err();
+        assert!(
+            again.to_string().contains("reviews a request once"),
+            "{again}"
+        );
+        let other = Principal::from_token("second-reviewer", Role::Approver);
+        assert!(
+            t.request
+                .record_review(
+                    &reviewer,
+                    ReviewVerdict::Accepted,
+                    None,
+                    &other,
+                    t0(),
+                    &limits
+                )
+                .is_ok(),
+            "another reviewer (after a change of config) reviews once too"
+        );
     }
 
     #[test]

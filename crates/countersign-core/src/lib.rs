@@ -18,8 +18,10 @@ pub mod logcheck;
 pub mod merkle;
 pub mod principal;
 pub mod proof;
+pub mod redeem;
 pub mod request;
 pub mod rooms;
+pub mod scope;
 pub mod time;
 pub mod token;
 
@@ -35,6 +37,7 @@ pub use proof::{
 pub use request::{
     ApprovalRequest, Limits, NewRequest, RequestId, SealedTransition, Status, Transition,
 };
+pub use scope::{Scope, Scopes};
 pub use time::{Clock, FixedClock, SystemClock, Timestamp};
 pub use token::TokenRecord;
 

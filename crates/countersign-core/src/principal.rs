@@ -3,11 +3,15 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What a credential may do. Agents ask; approvers decide; admins also manage credentials.
+use crate::scope::{Scope, Scopes};
+
+/// What a credential may do. Agents ask; executors (the services that carry out approved
+/// actions) verify and redeem proofs; approvers decide; admins also manage credentials.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
     Agent,
+    Executor,
     Approver,
     Admin,
 }
@@ -16,14 +20,26 @@ impl Role {
     pub fn as_str(&self) -> &'static str {
         match self {
             Role::Agent => "agent",
+            Role::Executor => "executor",
             Role::Approver => "approver",
             Role::Admin => "admin",
         }
     }
 
-    /// Whether this role may decide requests. Agents never may.
+    /// Whether this role may decide requests. Agents and executors never may.
     pub fn may_decide(&self) -> bool {
         matches!(self, Role::Approver | Role::Admin)
+    }
+
+    /// The most a credential of this role may reach; a token may be narrowed further.
+    pub fn scopes(&self) -> Scopes {
+        use Scope::*;
+        match self {
+            Role::Agent => Scopes::of([Request, Rooms, Evidence, Verify]),
+            Role::Executor => Scopes::of([Verify, Redeem]),
+            Role::Approver => Scopes::of([Request, Rooms, Evidence, Verify, Decide]),
+            Role::Admin => Scopes::of([Request, Rooms, Evidence, Verify, Decide, Admin]),
+        }
     }
 }
 
@@ -32,10 +48,11 @@ impl std::str::FromStr for Role {
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         match s {
             "agent" => Ok(Role::Agent),
+            "executor" => Ok(Role::Executor),
             "approver" => Ok(Role::Approver),
             "admin" => Ok(Role::Admin),
             other => Err(format!(
-                "unknown role {other:?}: expected agent, approver or admin"
+                "unknown role {other:?}: expected agent, executor, approver or admin"
             )),
         }
     }
@@ -105,37 +122,51 @@ pub struct Principal {
     pub display_name: String,
     pub role: Role,
     pub auth_method: AuthMethod,
+    /// What this credential may reach: its role's scopes unless its token was narrowed.
+    pub scopes: Scopes,
 }
 
 impl Principal {
+    /// A principal with every scope of its role.
+    pub fn new(id: String, display_name: &str, role: Role, auth_method: AuthMethod) -> Self {
+        Self {
+            id,
+            display_name: display_name.to_string(),
+            role,
+            auth_method,
+            scopes: role.scopes(),
+        }
+    }
+
     /// A principal authenticated by a bearer token with the given name.
     pub fn from_token(name: &str, role: Role) -> Self {
-        Self {
-            id: format!("token:{name}"),
-            display_name: name.to_string(),
-            role,
-            auth_method: AuthMethod::BearerToken,
-        }
+        Self::new(format!("token:{name}"), name, role, AuthMethod::BearerToken)
     }
 
     /// A principal identified by the operating-system user running a local process.
     pub fn local_user(user: &str, role: Role) -> Self {
-        Self {
-            id: format!("local:{user}"),
-            display_name: user.to_string(),
-            role,
-            auth_method: AuthMethod::LocalOsUser,
-        }
+        Self::new(format!("local:{user}"), user, role, AuthMethod::LocalOsUser)
     }
 
     /// A dashboard account, signed in with its password.
     pub fn user(username: &str, display_name: &str, role: Role) -> Self {
-        Self {
-            id: format!("user:{username}"),
-            display_name: display_name.to_string(),
+        Self::new(
+            format!("user:{username}"),
+            display_name,
             role,
-            auth_method: AuthMethod::PasswordSession,
-        }
+            AuthMethod::PasswordSession,
+        )
+    }
+
+    /// The same principal, narrowed to `scopes` (never widened beyond its role's).
+    pub fn with_scopes(mut self, scopes: &Scopes) -> Self {
+        self.scopes = scopes.intersection(&self.role.scopes());
+        self
+    }
+
+    /// Whether this principal may reach what `scope` covers.
+    pub fn may(&self, scope: Scope) -> bool {
+        self.scopes.contains(scope) && self.role.scopes().contains(scope)
     }
 
     /// The same principal, authenticated another way (a dashboard account acting from
@@ -171,13 +202,18 @@ pub struct Decider(Principal);
 
 impl Decider {
     pub fn new(principal: Principal) -> Result<Self, crate::CoreError> {
-        if principal.role.may_decide() {
-            Ok(Self(principal))
-        } else {
+        if !principal.role.may_decide() {
             Err(crate::CoreError::Forbidden(format!(
-                "{} holds an agent credential; deciding requires an approver or admin token",
-                principal.id
+                "{} holds an {} credential; deciding requires an approver or admin token",
+                principal.id, principal.role
             )))
+        } else if !principal.may(Scope::Decide) {
+            Err(crate::CoreError::Forbidden(format!(
+                "{} is limited to the scopes {}; deciding needs the decide scope",
+                principal.id, principal.scopes
+            )))
+        } else {
+            Ok(Self(principal))
         }
     }
 
@@ -201,4 +237,46 @@ pub struct Approver {
     pub display_name: String,
     pub channel: Channel,
     pub auth_method: AuthMethod,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_principals_with_the_decide_scope_decide() {
+        for role in [Role::Agent, Role::Executor] {
+            let err = Decider::new(Principal::from_token("bot", role)).unwrap_err();
+            assert!(err.to_string().contains(role.as_str()), "{err}");
+        }
+        let approver = Principal::from_token("alice", Role::Approver);
+        assert!(Decider::new(approver.clone()).is_ok());
+        let narrowed = approver.with_scopes(&Scopes::of([Scope::Rooms]));
+        let err = Decider::new(narrowed).unwrap_err();
+        assert!(err.to_string().contains("decide scope"), "{err}");
+    }
+
+    #[test]
+    fn scopes_never_widen_beyond_the_role() {
+        let executor = Principal::from_token("payments", Role::Executor)
+            .with_scopes(&Scopes::of([Scope::Redeem, Scope::Decide, Scope::Admin]));
+        assert_eq!(executor.scopes, Scopes::of([Scope::Redeem]));
+        assert!(executor.may(Scope::Redeem));
+        assert!(!executor.may(Scope::Verify) && !executor.may(Scope::Request));
+        // Even a principal built with a wider set than its role cannot use it.
+        let forged = Principal {
+            scopes: Scopes::of(Scope::ALL),
+            ..Principal::from_token("bot", Role::Agent)
+        };
+        assert!(!forged.may(Scope::Decide) && !forged.may(Scope::Redeem));
+        for role in [Role::Agent, Role::Executor] {
+            assert!(!role.scopes().contains(Scope::Decide));
+            assert!(!role.scopes().contains(Scope::Admin));
+        }
+        assert!(!Role::Agent.scopes().contains(Scope::Redeem));
+        assert_eq!(
+            Role::Executor.scopes(),
+            Scopes::of([Scope::Verify, Scope::Redeem])
+        );
+    }
 }

@@ -183,6 +183,20 @@ pub struct VerifyReport {
     /// The key that produced a valid signature.
     pub keyid: Option<String>,
     pub statement: Option<Statement>,
+    /// Whether the proof was checked against the action about to run. When it was not,
+    /// `valid` speaks for the signature, key and state only: see [`UNBOUND_WARNING`].
+    #[serde(default)]
+    pub bound: bool,
+}
+
+/// What a verification without the action does not say.
+pub const UNBOUND_WARNING: &str = "the action was not checked: this proof approves the action it names, which may not be the one about to run; give the action (action_description and action_details) to bind the check to it, or redeem the proof (POST /api/v1/proofs/redeem, redeem_proof) to consume it for exactly that action";
+
+impl VerifyReport {
+    /// The warning to show beside `valid` when the action was not checked.
+    pub fn warning(&self) -> Option<&'static str> {
+        (!self.bound).then_some(UNBOUND_WARNING)
+    }
 }
 
 /// Verifies `envelope` against the published keys. Checks, in order: the envelope's
@@ -191,11 +205,13 @@ pub struct VerifyReport {
 /// was not used, and that it is for `expected_action`.
 pub fn verify(envelope: &Envelope, jwks: &Jwks, options: &VerifyOptions<'_>) -> VerifyReport {
     let mut reasons = Vec::new();
+    let bound = options.expected_action.is_some();
     let fail = |reasons: Vec<Problem>| VerifyReport {
         valid: false,
         reasons,
         keyid: None,
         statement: None,
+        bound,
     };
     if envelope.payload_type != PAYLOAD_TYPE {
         return fail(vec![Problem::new(
@@ -290,6 +306,7 @@ pub fn verify(envelope: &Envelope, jwks: &Jwks, options: &VerifyOptions<'_>) -> 
         reasons,
         keyid,
         statement: Some(statement),
+        bound,
     }
 }
 

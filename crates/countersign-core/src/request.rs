@@ -1,7 +1,7 @@
 //! Approval requests and their state machine.
 //!
 //! ```text
-//! pending ──decide──▶ approved ──record_action──▶ (used once)
+//! pending ──decide──▶ approved ──record_action or redeem──▶ (used once)
 //!    │    └─decide──▶ rejected
 //!    ├──expires_at──▶ timed_out   (fail closed: never approved by silence)
 //!    └──cancel──────▶ cancelled
@@ -195,6 +195,10 @@ pub struct ApprovalRequest {
     /// The action carried out under this approval; set once, which makes it single use.
     #[serde(default)]
     pub action_record: Option<ActionRecord>,
+    /// The proof redeemed by the executor that acted on it: the same single use as
+    /// `action_record`, so at most one of the two is ever set.
+    #[serde(default)]
+    pub redemption: Option<crate::redeem::Redemption>,
     /// What happened when the action ran; recorded once, after the action.
     #[serde(default)]
     pub outcome: Option<crate::evidence::OutcomeRecord>,
@@ -273,6 +277,7 @@ impl ApprovalRequest {
             proof: None,
             closed_at: None,
             action_record: None,
+            redemption: None,
             outcome: None,
             reviews: Vec::new(),
         };
@@ -396,11 +401,11 @@ impl ApprovalRequest {
             return Err(not_approved());
         }
         let decision = self.decision.as_ref().ok_or_else(not_approved)?;
-        if let Some(record) = &self.action_record {
+        if let Some((used_at, tool)) = self.used() {
             return Err(NotUsable::AlreadyUsed {
                 request_id: self.id.clone(),
-                used_at: record.recorded_at,
-                tool: record.tool.clone(),
+                used_at,
+                tool,
             });
         }
         if now >= decision.valid_until {
@@ -410,6 +415,16 @@ impl ApprovalRequest {
             });
         }
         Ok(decision)
+    }
+
+    /// When the approval was used, and how: the tool `record_action` named, or who
+    /// redeemed the proof.
+    pub fn used(&self) -> Option<(Timestamp, String)> {
+        match (&self.action_record, &self.redemption) {
+            (Some(record), _) => Some((record.recorded_at, record.tool.clone())),
+            (None, Some(r)) => Some((r.redeemed_at, format!("redeemed by {}", r.redeemed_by))),
+            (None, None) => None,
+        }
     }
 
     /// Records that the approved action is being carried out, consuming the approval.

@@ -522,13 +522,13 @@ impl Store for PostgresStore {
 
     async fn import_token(&self, token: &TokenRecord) -> Result<()> {
         let row = TokenRow::of(token);
+        let name_key = row.name_key();
+        let mut params = row.params();
+        params.push(&name_key);
         self.pool
-            .insert_new(
-                "import a token",
-                &tokens::import_sql(),
-                &row.params(),
-                || format!("token {} (or its hash)", row.id),
-            )
+            .insert_new("import a token", &tokens::import_sql(), &params, || {
+                format!("token {} (or its hash)", row.id)
+            })
             .await
     }
 

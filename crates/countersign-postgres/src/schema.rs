@@ -11,7 +11,10 @@ use crate::error::{connect_err, describe, map};
 
 /// Migration `i` takes the schema from version `i` to `i + 1`. Never edit one that has
 /// shipped; append a new one.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_initial.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_initial.sql"),
+    include_str!("../migrations/0002_token_expiry_scopes_unique_names.sql"),
+];
 
 /// The schema version this build writes.
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;

@@ -2,7 +2,7 @@
 
 use countersign_core::{Timestamp, TokenRecord};
 use countersign_store::StoreError;
-use countersign_store::rows::{EventRow, TokenRow};
+use countersign_store::rows::{EventRow, TokenClash, TokenRow};
 use tokio_postgres::Row;
 
 use crate::error::column_err;
@@ -10,7 +10,7 @@ use crate::events::{append_ctes, written_seq};
 use crate::params::{Param, Params};
 use crate::writer::{Decoded, Outcome};
 
-const COLUMNS: &str = "id, hash, name, role, created_at, revoked_at";
+const COLUMNS: &str = "id, hash, name, role, created_at, revoked_at, expires_at, scopes";
 
 /// A token's columns in the order of [`COLUMNS`].
 impl Params for TokenRow {
@@ -22,20 +22,26 @@ impl Params for TokenRow {
             &self.role,
             &self.created_at,
             &self.revoked_at,
+            &self.expires_at,
+            &self.scopes,
         ]
     }
 }
 
-/// A new token and its event: the event is `$1`..`$6`, the token `$7`..`$12`.
+/// A new token and its event: the event is `$1`..`$6`, the token `$7`..`$14`, its name's
+/// key `$15`.
 pub(crate) struct NewToken {
     token: TokenRow,
+    name_key: String,
     event: EventRow,
 }
 
 impl NewToken {
     pub(crate) fn of(token: &TokenRecord, event: EventRow) -> Self {
+        let token = TokenRow::of(token);
         Self {
-            token: TokenRow::of(token),
+            name_key: token.name_key(),
+            token,
             event,
         }
     }
@@ -43,6 +49,7 @@ impl NewToken {
     pub(crate) fn params(&self) -> Vec<Param<'_>> {
         let mut params = self.event.params();
         params.extend(self.token.params());
+        params.push(&self.name_key);
         params
     }
 
@@ -52,33 +59,46 @@ impl NewToken {
             let clash: Option<String> = row
                 .try_get(1)
                 .map_err(column_err("a clashing token's id"))?;
-            Ok((seq, clash))
+            let same_id_or_hash: Option<bool> = row
+                .try_get(2)
+                .map_err(column_err("what a token clashes on"))?;
+            Ok((seq, clash, same_id_or_hash))
         })();
         match result {
             Err(err) => Decoded::failed(err),
-            Ok((Some(seq), _)) => Decoded::wrote(seq, Outcome::TokenCreated),
-            Ok((None, clash)) => Decoded::unwritten(Err(self.token.duplicate(clash.as_deref()))),
+            Ok((Some(seq), _, _)) => Decoded::wrote(seq, Outcome::TokenCreated),
+            Ok((None, clash, same)) => {
+                let clash = clash.as_deref().map(|id| match same {
+                    Some(false) => TokenClash::Name(id),
+                    _ => TokenClash::IdOrHash(id),
+                });
+                Decoded::unwritten(Err(self.token.duplicate(clash)))
+            }
         }
     }
 }
 
-/// Inserts the token and its event unless its id or hash is taken. Columns: the event's
-/// number, the id of a token that clashes (this id first).
+/// Inserts the token and its event unless its id, hash or name is taken. Columns: the
+/// event's number, the id of a token that clashes (one with this id or hash first), and
+/// whether it clashes on the id or hash (rather than the name).
 pub(crate) fn insert_sql() -> String {
     format!(
         "WITH clash AS (
-            SELECT id FROM tokens WHERE id = $7::text OR hash = $8::text
-            ORDER BY id = $7::text DESC LIMIT 1
+            SELECT id, (id = $7::text OR hash = $8::text) AS same_id_or_hash FROM tokens
+            WHERE id = $7::text OR hash = $8::text OR name_key = $15::text
+            ORDER BY (id = $7::text OR hash = $8::text) DESC, id = $7::text DESC LIMIT 1
         ),
         inserted AS (
-            INSERT INTO tokens (id, hash, name, role, created_at, revoked_at)
-            SELECT $7::text, $8::text, $9::text, $10::text, $11::bigint, $12::bigint
+            INSERT INTO tokens ({COLUMNS}, name_key)
+            SELECT $7::text, $8::text, $9::text, $10::text, $11::bigint, $12::bigint,
+                   $13::bigint, $14::text, $15::text
             WHERE NOT EXISTS (SELECT 1 FROM clash)
             ON CONFLICT DO NOTHING
             RETURNING id
         ),
         {}
-        SELECT (SELECT seq FROM event), (SELECT id FROM clash)",
+        SELECT (SELECT seq FROM event), (SELECT id FROM clash),
+               (SELECT same_id_or_hash FROM clash)",
         append_ctes("inserted")
     )
 }
@@ -166,16 +186,24 @@ pub(crate) fn revoke_sql() -> String {
         ),
         {}
         SELECT (SELECT seq FROM event), c.id, c.hash, c.name, c.role, c.created_at,
-               c.revoked_at
+               c.revoked_at, c.expires_at, c.scopes
         FROM (SELECT 1) AS one LEFT JOIN current AS c ON true",
         append_ctes("revoked")
     )
 }
 
-/// Copies a token as it is, with no event, unless its id or hash is taken: then it
-/// changes nothing.
+/// Copies a token as it is (`$1`..`$8`, its name's key `$9`), with no event, unless its
+/// id or hash is taken: then it changes nothing. A token that shared its name with an
+/// older one before names were unique is copied without the key, as the migration left
+/// it.
 pub(crate) fn import_sql() -> String {
-    format!("INSERT INTO tokens ({COLUMNS}) VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT DO NOTHING")
+    format!(
+        "INSERT INTO tokens ({COLUMNS}, name_key)
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8,
+                 CASE WHEN EXISTS (SELECT 1 FROM tokens WHERE name_key = $9::text)
+                      THEN NULL ELSE $9::text END)
+         ON CONFLICT DO NOTHING"
+    )
 }
 
 pub(crate) fn by_hash_sql() -> String {
@@ -203,5 +231,7 @@ fn read(row: &Row, first: usize) -> Result<TokenRow, StoreError> {
         role: row.try_get(first + 3).map_err(&column)?,
         created_at: row.try_get(first + 4).map_err(&column)?,
         revoked_at: row.try_get(first + 5).map_err(&column)?,
+        expires_at: row.try_get(first + 6).map_err(&column)?,
+        scopes: row.try_get(first + 7).map_err(&column)?,
     })
 }

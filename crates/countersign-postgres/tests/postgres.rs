@@ -1115,3 +1115,55 @@ async fn throughput() {
     }
     assert_gap_free(&all_events(&*instances[0]).await);
 }
+
+/// A schema of version 1 (before token expiry, scopes and unique names): its tokens keep
+/// working with no expiry and their role's scopes, two that shared a name both survive,
+/// and no new token may take that name.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_of_schema_1_keep_working_and_their_names_stay_taken() {
+    let schema = schema_or_skip!();
+    let raw = raw_client(&schema.url).await.unwrap();
+    raw.batch_execute(&format!(
+        "CREATE SCHEMA {name}; SET search_path = {name};
+         CREATE TABLE schema_version (version integer PRIMARY KEY, applied_at bigint NOT NULL);
+         INSERT INTO schema_version VALUES (1, 0);",
+        name = schema.name
+    ))
+    .await
+    .unwrap();
+    raw.batch_execute(include_str!("../migrations/0001_initial.sql"))
+        .await
+        .unwrap();
+    raw.batch_execute(
+        "INSERT INTO tokens (id, hash, name, role, created_at, revoked_at) VALUES
+            ('tok_old', 'hash-old', 'bot', 'agent', 1000, NULL),
+            ('tok_twin', 'hash-twin', 'Bot', 'approver', 2000, NULL),
+            ('tok_gone', 'hash-gone', 'retired', 'agent', 3000, 4000)",
+    )
+    .await
+    .unwrap();
+
+    let store = schema.store().await;
+    assert_eq!(
+        store.server_info().await.unwrap().schema_version,
+        SCHEMA_VERSION
+    );
+    let tokens = store.list_tokens().await.unwrap();
+    let ids: Vec<&str> = tokens.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, ["tok_old", "tok_twin", "tok_gone"]);
+    assert!(
+        tokens
+            .iter()
+            .all(|t| t.expires_at.is_none() && t.scopes.is_none())
+    );
+    for (name, holder) in [("BOT", "tok_old"), ("Retired", "tok_gone")] {
+        let (new, event) = token("tok_new", name, "hash-new", 5);
+        let err = store.create_token(&new, &event).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Duplicate(m) if m.contains(holder)),
+            "{err}"
+        );
+    }
+    let (fresh, event) = token("tok_new", "fresh", "hash-new", 5);
+    store.create_token(&fresh, &event).await.unwrap();
+}

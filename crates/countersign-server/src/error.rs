@@ -52,6 +52,8 @@ pub enum ErrorKind {
     NotApproved,
     AlreadyUsed,
     ApprovalExpired,
+    ActionMismatch,
+    InvalidProof,
     IdempotencyMismatch,
     NotFound,
     Unauthenticated,
@@ -71,6 +73,8 @@ impl ErrorKind {
             ErrorKind::NotApproved => "not_approved",
             ErrorKind::AlreadyUsed => "already_used",
             ErrorKind::ApprovalExpired => "approval_expired",
+            ErrorKind::ActionMismatch => "action_mismatch",
+            ErrorKind::InvalidProof => "invalid_proof",
             ErrorKind::IdempotencyMismatch => "idempotency_mismatch",
             ErrorKind::NotFound => "not_found",
             ErrorKind::Unauthenticated => "unauthenticated",
@@ -99,6 +103,8 @@ impl GateError {
                 CoreError::NotUsable(NotUsable::ValidityExpired { .. }) => {
                     ErrorKind::ApprovalExpired
                 }
+                CoreError::NotUsable(NotUsable::ActionMismatch { .. }) => ErrorKind::ActionMismatch,
+                CoreError::NotUsable(NotUsable::InvalidProof { .. }) => ErrorKind::InvalidProof,
                 CoreError::IdempotencyMismatch { .. } => ErrorKind::IdempotencyMismatch,
             },
             GateError::BadInput(_) => ErrorKind::InvalidInput,

@@ -8,6 +8,12 @@ use countersign_core::{ApprovalRequest, Envelope, NewRequest, Status, VerifyRepo
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+mod redemption;
+mod reviews;
+
+pub use redemption::{RedeemOutput, RedeemProofInput};
+pub use reviews::{ReviewOutput, ReviewView};
+
 /// `request_approval`'s input.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -18,10 +24,12 @@ pub struct RequestApprovalInput {
     /// bound to these: a proof for one set of details is not valid for another.
     #[serde(default)]
     pub action_details: BTreeMap<String, String>,
-    /// Email address of the approver to notify.
+    /// Email address of an approver to notify as well. Only known approvers are
+    /// accepted; the server's configured routes are notified in any case.
     #[serde(default)]
     pub recipient_email: Option<String>,
-    /// Slack user or channel of the approver to notify.
+    /// Slack user or channel of an approver to notify as well. Only known approvers are
+    /// accepted; the server's configured routes are notified in any case.
     #[serde(default)]
     pub recipient_slack: Option<String>,
     /// Hours to wait for a decision before the request times out (default 24, max 168).
@@ -105,6 +113,17 @@ pub struct ApproverView {
     pub auth_method: String,
 }
 
+impl ApproverView {
+    pub fn of(a: &countersign_core::Approver) -> Self {
+        Self {
+            id: a.id.clone(),
+            display_name: a.display_name.clone(),
+            channel: a.channel.as_str().to_string(),
+            auth_method: enum_str(&a.auth_method),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct DecisionView {
     /// approved or rejected.
@@ -155,7 +174,8 @@ pub struct ApprovalView {
     /// The signed proof (a DSSE envelope), once decided. Pass it to verify_proof, or
     /// verify it offline with the server's JWKS.
     pub proof: Option<ProofView>,
-    /// Set once the approval has been used (record_action).
+    /// Set once the approval has been used (record_action, or an executor redeemed the
+    /// proof).
     pub used: Option<UsedView>,
     /// What came of the action (record_outcome).
     pub outcome: Option<OutcomeView>,
@@ -229,25 +249,16 @@ impl ApprovalView {
             decision: request.decision.as_ref().map(|d| DecisionView {
                 decision: d.decision.as_str().to_string(),
                 authorization_type: enum_str(&d.authorization_type),
-                approvers: d
-                    .approvers
-                    .iter()
-                    .map(|a| ApproverView {
-                        id: a.id.clone(),
-                        display_name: a.display_name.clone(),
-                        channel: a.channel.as_str().to_string(),
-                        auth_method: enum_str(&a.auth_method),
-                    })
-                    .collect(),
+                approvers: d.approvers.iter().map(ApproverView::of).collect(),
                 comment: d.comment.clone(),
                 fields: d.fields.clone(),
                 decided_at: d.decided_at.to_string(),
                 valid_until: d.valid_until.to_string(),
             }),
             proof: request.proof.as_ref().map(ProofView::from),
-            used: request.action_record.as_ref().map(|a| UsedView {
-                tool: a.tool.clone(),
-                recorded_at: a.recorded_at.to_string(),
+            used: request.used().map(|(at, tool)| UsedView {
+                tool,
+                recorded_at: at.to_string(),
             }),
             outcome: request.outcome.as_ref().map(|o| OutcomeView {
                 status: enum_str(&o.status),
@@ -261,7 +272,7 @@ impl ApprovalView {
 }
 
 /// A serde unit enum as its string.
-fn enum_str<T: Serialize>(value: &T) -> String {
+pub(crate) fn enum_str<T: Serialize>(value: &T) -> String {
     match serde_json::to_value(value) {
         Ok(serde_json::Value::String(s)) => s,
         _ => String::new(),
@@ -286,10 +297,9 @@ pub fn guidance(request: &ApprovalRequest) -> String {
             "Pending: do NOT perform this action until the request is approved. Call wait_for_approval with request_id {} to wait for the decision (it times out at {}).",
             request.id, request.expires_at
         ),
-        Status::Approved => match (&request.action_record, &request.decision) {
-            (Some(used), _) => format!(
-                "Approved by {who}, and already used at {} ({}). The approval is single use: request a new one to act again.",
-                used.recorded_at, used.tool
+        Status::Approved => match (request.used(), &request.decision) {
+            (Some((at, tool)), _) => format!(
+                "Approved by {who}, and already used at {at} ({tool}). The approval is single use: request a new one to act again."
             ),
             (None, Some(d)) => format!(
                 "Approved by {who}. You may perform exactly this action, once, before {}. Call record_action with request_id {} when you do.",
@@ -352,7 +362,14 @@ pub struct ProblemView {
 /// `verify_proof`'s result.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct VerifyOutput {
+    /// Whether the proof is valid: the signature, the key and the approval's state and,
+    /// when `bound`, the action.
     pub valid: bool,
+    /// Whether the proof was checked against the action given. When false, `valid`
+    /// does not say the proof is for the action you are about to perform.
+    pub bound: bool,
+    /// Set when the action was not checked: what `valid` does not say.
+    pub warning: Option<String>,
     /// Every reason the proof is not valid (empty when it is).
     pub reasons: Vec<ProblemView>,
     pub request_id: Option<String>,
@@ -368,6 +385,8 @@ impl From<VerifyReport> for VerifyOutput {
         let statement = report.statement.as_ref();
         Self {
             valid: report.valid,
+            bound: report.bound,
+            warning: report.warning().map(str::to_string),
             reasons: report
                 .reasons
                 .iter()

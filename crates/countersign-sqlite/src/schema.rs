@@ -11,7 +11,10 @@ use crate::error::{db_err, is_busy};
 
 /// Migration `i` takes the schema from version `i` to `i + 1` (`PRAGMA user_version`).
 /// Never edit one that has shipped; append a new one.
-const MIGRATIONS: &[&str] = &[include_str!("../migrations/0001_initial.sql")];
+const MIGRATIONS: &[&str] = &[
+    include_str!("../migrations/0001_initial.sql"),
+    include_str!("../migrations/0002_token_expiry_scopes_unique_names.sql"),
+];
 
 /// Room for every statement the store prepares, so hot paths never re-parse SQL.
 const STATEMENT_CACHE: usize = 64;

@@ -2,13 +2,13 @@
 
 use countersign_core::{Timestamp, TokenRecord};
 use countersign_store::StoreError;
-use countersign_store::rows::{EventRow, TokenRow};
+use countersign_store::rows::{EventRow, TokenClash, TokenRow};
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
 use crate::error::{db_err, is_unique_violation};
 use crate::events;
 
-const COLUMNS: &str = "id, hash, name, role, created_at, revoked_at";
+const COLUMNS: &str = "id, hash, name, role, created_at, revoked_at, expires_at, scopes";
 
 pub(crate) fn insert(
     conn: &Connection,
@@ -16,29 +16,51 @@ pub(crate) fn insert(
     event: &EventRow,
 ) -> Result<(), StoreError> {
     // Checked first for a precise message; the constraints below are the guarantee.
-    let clash: Option<String> = conn
-        .prepare_cached("SELECT id FROM tokens WHERE id = ?1 OR hash = ?2")
+    let clash: Option<(String, bool)> = conn
+        .prepare_cached(
+            "SELECT id, id = ?1 OR hash = ?2 FROM tokens
+             WHERE id = ?1 OR hash = ?2 OR name_key = ?3
+             ORDER BY (id = ?1 OR hash = ?2) DESC LIMIT 1",
+        )
         .and_then(|mut stmt| {
-            stmt.query_row(params![token.id, token.hash], |r| r.get(0))
-                .optional()
+            stmt.query_row(params![token.id, token.hash, token.name_key()], |r| {
+                Ok((r.get(0)?, r.get(1)?))
+            })
+            .optional()
         })
         .map_err(db_err("look up a token"))?;
-    if clash.is_some() {
-        return Err(token.duplicate(clash.as_deref()));
+    if let Some((existing, same_id_or_hash)) = &clash {
+        return Err(token.duplicate(Some(if *same_id_or_hash {
+            TokenClash::IdOrHash(existing)
+        } else {
+            TokenClash::Name(existing)
+        })));
     }
-    insert_row(conn, token, "insert a token")?;
+    insert_row(conn, token, Some(token.name_key()), "insert a token")?;
     events::append(conn, event)?;
     Ok(())
 }
 
-/// Copies a token as it is, with no event (for `migrate-data`).
+/// Copies a token as it is, with no event (for `migrate-data`). A token that shared its
+/// name with an older one before names were unique is copied without the name's key,
+/// as the migration left it.
 pub(crate) fn import(conn: &Connection, token: &TokenRow) -> Result<(), StoreError> {
-    insert_row(conn, token, "import a token")
+    let key = token.name_key();
+    let taken: bool = conn
+        .prepare_cached("SELECT EXISTS (SELECT 1 FROM tokens WHERE name_key = ?1)")
+        .and_then(|mut stmt| stmt.query_row([&key], |r| r.get(0)))
+        .map_err(db_err("look up a token's name"))?;
+    insert_row(conn, token, (!taken).then_some(key), "import a token")
 }
 
-fn insert_row(conn: &Connection, token: &TokenRow, op: &'static str) -> Result<(), StoreError> {
+fn insert_row(
+    conn: &Connection,
+    token: &TokenRow,
+    name_key: Option<String>,
+    op: &'static str,
+) -> Result<(), StoreError> {
     conn.prepare_cached(&format!(
-        "INSERT INTO tokens ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6)"
+        "INSERT INTO tokens ({COLUMNS}, name_key) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9)"
     ))
     .and_then(|mut stmt| {
         stmt.execute(params![
@@ -48,6 +70,9 @@ fn insert_row(conn: &Connection, token: &TokenRow, op: &'static str) -> Result<(
             token.role,
             token.created_at,
             token.revoked_at,
+            token.expires_at,
+            token.scopes,
+            name_key,
         ])
     })
     .map_err(|e| {
@@ -111,9 +136,9 @@ fn by(conn: &Connection, column: &str, value: &str) -> Result<Option<TokenRecord
         .transpose()
 }
 
-/// Reads [`COLUMNS`], before the role and the times are checked.
+/// Reads [`COLUMNS`], before the role, the times and the scopes are checked.
 fn read(row: &Row<'_>) -> rusqlite::Result<TokenRow> {
-    let (id, hash, name, role, created_at, revoked_at) = row.try_into()?;
+    let (id, hash, name, role, created_at, revoked_at, expires_at, scopes) = row.try_into()?;
     Ok(TokenRow {
         id,
         hash,
@@ -121,5 +146,7 @@ fn read(row: &Row<'_>) -> rusqlite::Result<TokenRow> {
         role,
         created_at,
         revoked_at,
+        expires_at,
+        scopes,
     })
 }

@@ -132,7 +132,8 @@ pub trait Store: Send + Sync + 'static {
     async fn next_expiry(&self) -> Result<Option<Timestamp>, StoreError>;
 
     /// Stores a new token with its creation event. Fails with
-    /// [`StoreError::Duplicate`] if its id or hash exists.
+    /// [`StoreError::Duplicate`] if its id or hash exists, or a token (revoked or not)
+    /// ever had its name, ignoring ASCII case.
     async fn create_token(
         &self,
         token: &TokenRecord,

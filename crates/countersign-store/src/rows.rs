@@ -198,8 +198,12 @@ pub fn decode_payload(
 }
 
 /// A token's columns, in the order backends select them: id, hash, name, role,
-/// created_at, revoked_at. Encoded with [`TokenRow::of`], read back with
-/// [`TokenRow::decode`], which checks the role and the times.
+/// created_at, revoked_at, expires_at, scopes. Encoded with [`TokenRow::of`], read back
+/// with [`TokenRow::decode`], which checks the role, the times and the scopes.
+///
+/// Backends also store [`TokenRow::name_key`] in a unique column, so that no two tokens
+/// ever share a name; tokens that shared one before names were unique keep theirs, and
+/// only the oldest of them holds the key.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TokenRow {
     pub id: String,
@@ -208,6 +212,18 @@ pub struct TokenRow {
     pub role: String,
     pub created_at: i64,
     pub revoked_at: Option<i64>,
+    pub expires_at: Option<i64>,
+    /// The scopes, comma-separated; `None` for all of the role's.
+    pub scopes: Option<String>,
+}
+
+/// What a new token clashed with, when the backend knows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenClash<'a> {
+    /// A token with this id or this hash (the id of the token that holds it).
+    IdOrHash(&'a str),
+    /// A token with this name, ignoring case (its id).
+    Name(&'a str),
 }
 
 impl TokenRow {
@@ -219,14 +235,24 @@ impl TokenRow {
             role: token.role.as_str().to_string(),
             created_at: token.created_at.millis(),
             revoked_at: token.revoked_at.map(|t| t.millis()),
+            expires_at: token.expires_at.map(|t| t.millis()),
+            scopes: token.scopes.as_ref().map(|s| s.to_text()),
         }
     }
 
-    /// The refusal of a new token whose id or hash is taken; `clash` is the id of the
-    /// token that holds it, when the backend knows.
-    pub fn duplicate(&self, clash: Option<&str>) -> StoreError {
+    /// The value of the unique name column.
+    pub fn name_key(&self) -> String {
+        countersign_core::token::name_key(&self.name)
+    }
+
+    /// The refusal of a new token whose id, hash or name is taken.
+    pub fn duplicate(&self, clash: Option<TokenClash<'_>>) -> StoreError {
         StoreError::Duplicate(match clash {
-            Some(existing) if existing != self.id => {
+            Some(TokenClash::Name(existing)) => format!(
+                "a token named {:?} ({existing}; names are never reused, even after revocation)",
+                self.name
+            ),
+            Some(TokenClash::IdOrHash(existing)) if existing != self.id => {
                 format!("a token with the same hash ({existing})")
             }
             _ => format!("token {}", self.id),
@@ -239,6 +265,13 @@ impl TokenRow {
             role: self.role.parse::<Role>().map_err(|e| corrupt(&what, e))?,
             created_at: timestamp(&what, self.created_at)?,
             revoked_at: self.revoked_at.map(|ms| timestamp(&what, ms)).transpose()?,
+            expires_at: self.expires_at.map(|ms| timestamp(&what, ms)).transpose()?,
+            scopes: self
+                .scopes
+                .as_deref()
+                .map(countersign_core::Scopes::parse_list)
+                .transpose()
+                .map_err(|e| corrupt(&what, e))?,
             id: self.id,
             hash: self.hash,
             name: self.name,
@@ -380,6 +413,11 @@ mod tests {
             hash: "ab".repeat(32),
             created_at: Timestamp::from_millis(1_700_000_000_000).unwrap(),
             revoked_at: Timestamp::from_millis(1_700_000_060_000),
+            expires_at: Timestamp::from_millis(1_800_000_000_000),
+            scopes: Some(countersign_core::Scopes::of([
+                countersign_core::Scope::Decide,
+                countersign_core::Scope::Verify,
+            ])),
         }
     }
 
@@ -394,11 +432,22 @@ mod tests {
     fn docs_and_tokens_read_back_as_written() {
         assert_eq!(DocRow::of(&doc()).unwrap().decode().unwrap(), doc());
         assert_eq!(TokenRow::of(&token()).decode().unwrap(), token());
+        assert_eq!(
+            TokenRow::of(&token()).scopes.as_deref(),
+            Some("verify,decide")
+        );
         let unrevoked = TokenRecord {
             revoked_at: None,
+            expires_at: None,
+            scopes: None,
             ..token()
         };
         assert_eq!(TokenRow::of(&unrevoked).decode().unwrap(), unrevoked);
+        let named = TokenRow {
+            name: "Deploy-Bot".into(),
+            ..TokenRow::of(&token())
+        };
+        assert_eq!(named.name_key(), "deploy-bot");
     }
 
     #[test]
@@ -425,6 +474,11 @@ mod tests {
             ..TokenRow::of(&token())
         };
         is_corrupt(unknown_role.decode(), "token tok_1");
+        let unknown_scope = TokenRow {
+            scopes: Some("request,everything".into()),
+            ..TokenRow::of(&token())
+        };
+        is_corrupt(unknown_scope.decode(), "unknown scope");
 
         is_corrupt(decode_event(1, b"not json".to_vec()), "log entry 1");
         is_corrupt(decode_payload(-2, String::new(), "null"), "-2 is negative");

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use countersign_core::evidence::Reviewer;
 use countersign_core::{Principal, Role};
 use countersign_postgres::PostgresStore;
 use countersign_server::{Gate, Settings};
@@ -28,10 +27,8 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
     }
     let store = open_store(config).await?;
     let settings = Settings {
-        reviewer: config.reviewer.as_ref().map(|(id, name)| Reviewer {
-            id: id.clone(),
-            display_name: name.clone(),
-        }),
+        reviewer: config.reviewer.clone(),
+        recipients: config.notify.recipients(),
         raw_payload_export: config.raw_payload_export,
         session_seconds: config.session_hours * 3600,
         backup_dir: Some(config.data_dir.join("backups")),
@@ -78,10 +75,10 @@ pub fn local_admin() -> Principal {
 /// and kept distinct from the same user deciding at a terminal.
 pub fn stdio_agent(name: Option<&str>) -> Principal {
     let name = name.map(str::to_string).unwrap_or_else(os_user);
-    Principal {
-        id: format!("stdio:{name}"),
-        display_name: name,
-        role: Role::Agent,
-        auth_method: countersign_core::AuthMethod::LocalOsUser,
-    }
+    Principal::new(
+        format!("stdio:{name}"),
+        &name,
+        Role::Agent,
+        countersign_core::AuthMethod::LocalOsUser,
+    )
 }

@@ -1,25 +1,46 @@
-//! What happens around a decision that is not the decision: verifying proofs, recording
-//! outcomes, reviews and autonomous decisions, exporting and verifying evidence
-//! bundles, and rotating the signing key. Each record is a log event like the rest.
+//! What happens around a decision that is not the decision: verifying and redeeming
+//! proofs, recording outcomes, reviews and autonomous decisions, exporting and verifying
+//! evidence bundles, and rotating the signing key. Each record is a log event like the
+//! rest.
 
 use std::collections::BTreeMap;
 
 use countersign_core::bundle::{BundleReport, Mode};
 use countersign_core::evidence::{
-    DecisionRecordInput, OutcomeStatus, ReviewVerdict, decision_record,
+    DecisionRecordInput, OutcomeStatus, ReviewVerdict, Reviewer, decision_record,
 };
-use countersign_core::proof::{self, VerifyOptions};
+use countersign_core::proof::{self, Statement, VerifyOptions};
+use countersign_core::redeem::genuine_statement;
 use countersign_core::{
-    Action, ApprovalRequest, Envelope, Event, EventKind, Principal, ProblemCode, Role, VerifyReport,
+    Action, ApprovalRequest, Envelope, Event, EventKind, Principal, ProblemCode, Scope,
+    VerifyReport,
 };
 
 use super::Gate;
 use crate::error::GateError;
 use crate::ids::{new_id, new_salt};
 
+/// Who may record reviews, as the operator configured it (`[review]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReviewerSettings {
+    /// The one principal whose reviews are accepted: `token:<name>` or `user:<username>`.
+    pub principal: String,
+    /// What every review shows as its reviewer (the older `reviewer_id` and
+    /// `reviewer_name`); by default the reviewer principal itself.
+    pub label: Option<Reviewer>,
+}
+
+/// A proof redeemed: the request, now used, and the verified statement.
+#[derive(Debug, Clone)]
+pub struct Redeemed {
+    pub request: ApprovalRequest,
+    pub statement: Statement,
+}
+
 impl Gate {
     /// Verifies a proof against the published keys; when it names a request this
-    /// server knows, also reports whether its approval was already used.
+    /// server knows, also reports whether its approval was already used (recorded or
+    /// redeemed).
     pub async fn verify_proof(
         &self,
         envelope: &Envelope,
@@ -32,8 +53,7 @@ impl Gate {
                 .get_request(&s.request_id)
                 .await?
                 .filter(|r| r.action_digest == s.action_digest)
-                .and_then(|r| r.action_record)
-                .map(|a| (a.recorded_at, a.tool)),
+                .and_then(|r| r.used()),
             None => None,
         };
         let options = VerifyOptions {
@@ -79,7 +99,49 @@ impl Gate {
         .await
     }
 
-    /// Records a review as the operator-configured reviewer. Off unless configured.
+    /// Consumes the approval `envelope` proves, for exactly `action`, as the executor
+    /// `who`: once, and only while the approval is usable. A second redemption, another
+    /// action, a proof that is not genuine, rejected, expired or already used (by
+    /// `record_action` too) is refused with the reason.
+    pub async fn redeem_proof(
+        &self,
+        who: &Principal,
+        envelope: &Envelope,
+        action: &Action,
+    ) -> Result<Redeemed, GateError> {
+        if !who.may(Scope::Redeem) {
+            return Err(GateError::Forbidden(format!(
+                "{} may not redeem proofs: that needs an executor token",
+                who.id
+            )));
+        }
+        // The signature, key and shape only: the request's state says the rest.
+        let report = self.verify_proof(envelope, None).await?;
+        let statement = genuine_statement(report)?;
+        let id = statement.request_id.clone();
+        if self.store.get_request(&id).await?.is_none() {
+            return Err(GateError::NotFound(format!(
+                "request {id}: the proof is signed by this server's key but names a request it does not have, so it cannot be redeemed here"
+            )));
+        }
+        let request = self
+            .transition(&id, |request, now| {
+                Ok(request.redeem(&statement, action, who, now)?)
+            })
+            .await?;
+        Ok(Redeemed { request, statement })
+    }
+
+    /// Whether `who` is the reviewer the operator named.
+    pub fn is_reviewer(&self, who: &Principal) -> bool {
+        self.settings
+            .reviewer
+            .as_ref()
+            .is_some_and(|r| r.principal == who.id && who.may(Scope::Evidence))
+    }
+
+    /// Records a review by the operator-configured reviewer, once per request; refused
+    /// to everyone else. Off unless configured. The reviewer may review any request.
     pub async fn record_review(
         &self,
         who: &Principal,
@@ -87,12 +149,22 @@ impl Gate {
         verdict: ReviewVerdict,
         notes: Option<String>,
     ) -> Result<ApprovalRequest, GateError> {
-        let reviewer = self.settings.reviewer.clone().ok_or_else(|| {
+        let settings = self.settings.reviewer.as_ref().ok_or_else(|| {
             GateError::Forbidden(
-                "record_review is off on this server (an operator enables it with [review] in the config)".into(),
+                "record_review is off on this server (an operator turns it on by naming the reviewer: [review] reviewer in the config)".into(),
             )
         })?;
-        self.get(who, id).await?;
+        if !self.is_reviewer(who) {
+            return Err(GateError::Forbidden(format!(
+                "only the reviewer the operator named in [review] reviewer may record reviews, and {} is not that reviewer",
+                who.id
+            )));
+        }
+        let reviewer = settings.label.clone().unwrap_or_else(|| Reviewer {
+            id: who.id.clone(),
+            display_name: who.display_name.clone(),
+        });
+        self.load(id).await?;
         self.transition(id, |request, now| {
             Ok(
                 request.record_review(
@@ -143,7 +215,7 @@ impl Gate {
             let first = events
                 .first()
                 .ok_or_else(|| GateError::NotFound(subject.to_string()))?;
-            if who.role == Role::Agent && first.entry.actor.as_deref() != Some(who.id.as_str()) {
+            if !who.role.may_decide() && first.entry.actor.as_deref() != Some(who.id.as_str()) {
                 return Err(GateError::NotFound(subject.to_string()));
             }
             Vec::new()

@@ -6,6 +6,7 @@
 
 mod builder;
 mod evidence;
+mod recipients;
 mod tokens;
 
 use std::collections::BTreeMap;
@@ -14,7 +15,7 @@ use std::time::Duration;
 
 use countersign_core::{
     ApprovalRequest, Channel, Clock, CoreError, Decider, DecisionInput, Jwks, Limits, NewRequest,
-    Principal, Role, Status, Timestamp, Transition, Verdict,
+    Principal, Status, Timestamp, Transition, Verdict,
 };
 use countersign_store::{CAS_TRIES, ChangeFeed, Created, RequestQuery, Store, StoreError};
 use tokio::time::Instant;
@@ -28,6 +29,9 @@ use crate::log::TransparencyLog;
 use crate::rooms::Rooms;
 
 pub use builder::{GateBuilder, Keys};
+pub use evidence::{Redeemed, ReviewerSettings};
+pub use recipients::Recipients;
+pub use tokens::NewToken;
 
 /// How often a waiting call reports progress (MCP asks for at least every 10 s).
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
@@ -64,8 +68,10 @@ pub struct Requested {
 #[derive(Debug, Clone)]
 pub struct Settings {
     pub limits: Limits,
-    /// When set, `record_review` is available and records this reviewer.
-    pub reviewer: Option<countersign_core::evidence::Reviewer>,
+    /// When set, `record_review` is available to this reviewer, and to no one else.
+    pub reviewer: Option<ReviewerSettings>,
+    /// Who a request may name as recipients besides the configured routes.
+    pub recipients: Recipients,
     /// Whether evidence bundles may include raw payloads (mode `full`).
     pub raw_payload_export: bool,
     /// Where purged rooms' backups are written.
@@ -92,6 +98,7 @@ impl Default for Settings {
         Self {
             limits: Limits::default(),
             reviewer: None,
+            recipients: Recipients::default(),
             raw_payload_export: false,
             backup_dir: None,
             session_seconds: DEFAULT_SESSION_SECONDS,
@@ -183,6 +190,7 @@ impl Gate {
         let now = self.now();
         let transition =
             ApprovalRequest::create(new_id("req", now)?, new, who, now, self.limits())?;
+        self.check_recipients(&transition.request).await?;
         match self
             .store
             .create_request(&transition.seal(new_salt()?))
@@ -216,10 +224,11 @@ impl Gate {
     }
 
     /// The request as `who` may see it, timed out first if its expiry has passed.
-    /// Agents see only their own requests; to them, others' do not exist.
+    /// Agents (and anyone else who cannot decide) see only their own requests; to them,
+    /// others' do not exist.
     pub async fn get(&self, who: &Principal, id: &str) -> Result<ApprovalRequest, GateError> {
         let request = self.load(id).await?;
-        if who.role == Role::Agent && request.requested_by.id != who.id {
+        if !who.role.may_decide() && request.requested_by.id != who.id {
             return Err(GateError::NotFound(format!("request {id}")));
         }
         self.settle_expiry(request).await

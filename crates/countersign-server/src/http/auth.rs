@@ -3,7 +3,10 @@
 //! every state change). Either way the handler gets a [`Caller`] with a `Principal`, so
 //! one handler serves both surfaces. Roles are types: a handler that takes an
 //! [`Approver`] cannot run for an agent credential, one that takes an [`Admin`] only for
-//! an admin.
+//! an admin. And every route names the scope it needs ([`require_scope`], in the route
+//! tables): a token narrowed to some scopes, or an executor's, reaches nothing else. A
+//! token caller on a route that names no scope is refused, so a route cannot be added
+//! that every token reaches by omission.
 
 use std::sync::Arc;
 
@@ -11,7 +14,7 @@ use axum::extract::{FromRequestParts, Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use countersign_core::accounts::User;
-use countersign_core::{Channel, Decider, Principal, Role};
+use countersign_core::{Channel, Decider, Principal, Role, Scope};
 use http::request::Parts;
 use http::{HeaderMap, HeaderValue, Method, header};
 use subtle::ConstantTimeEq;
@@ -112,6 +115,30 @@ pub async fn require_session(
     next.run(req).await
 }
 
+/// Set on a request once [`require_scope`] let it through.
+#[derive(Clone, Copy)]
+struct ScopeChecked;
+
+/// Refuses (403) a caller whose credential lacks `scope`; the route tables put it on
+/// every route.
+pub async fn require_scope(State(scope): State<Scope>, mut req: Request, next: Next) -> Response {
+    let Some(auth) = req.extensions().get::<Authenticated>() else {
+        return unauthorized(GateError::Unauthenticated(
+            "this route needs a bearer token or a dashboard session".into(),
+        ));
+    };
+    let who = &auth.principal;
+    if !who.may(scope) {
+        return ApiError(GateError::Forbidden(format!(
+            "{} ({} token, scopes {}) may not do this: it needs the {scope} scope",
+            who.id, who.role, who.scopes
+        )))
+        .into_response();
+    }
+    req.extensions_mut().insert(ScopeChecked);
+    next.run(req).await
+}
+
 fn bearer_token(headers: &HeaderMap) -> Result<&str, String> {
     let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
         "missing bearer token: send `Authorization: Bearer <token>` (create one with `countersign token create`)".to_string()
@@ -182,6 +209,13 @@ impl FromRequestParts<AppState> for Caller {
                     "this route needs a bearer token or a dashboard session".into(),
                 ))
             })?;
+        if auth.session.is_none() && parts.extensions.get::<ScopeChecked>().is_none() {
+            // A route table left this route without a scope: fail closed.
+            return Err(ApiError(GateError::Internal(format!(
+                "the route {} names no scope",
+                parts.uri.path()
+            ))));
+        }
         Ok(Caller {
             gate: state.gate.clone(),
             who: auth.principal,

@@ -15,12 +15,13 @@ use crate::error::{ErrorKind, GateError};
 /// The HTTP status of each kind of domain error.
 pub fn status(kind: ErrorKind) -> StatusCode {
     match kind {
-        ErrorKind::InvalidInput => StatusCode::BAD_REQUEST,
+        ErrorKind::InvalidInput | ErrorKind::InvalidProof => StatusCode::BAD_REQUEST,
         ErrorKind::AlreadyDecided
         | ErrorKind::Expired
         | ErrorKind::NotApproved
         | ErrorKind::AlreadyUsed
         | ErrorKind::ApprovalExpired
+        | ErrorKind::ActionMismatch
         | ErrorKind::IdempotencyMismatch => StatusCode::CONFLICT,
         ErrorKind::SelfApproval | ErrorKind::Forbidden => StatusCode::FORBIDDEN,
         ErrorKind::NotFound => StatusCode::NOT_FOUND,

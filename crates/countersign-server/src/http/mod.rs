@@ -34,6 +34,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use countersign_core::Scope;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
@@ -164,13 +165,20 @@ pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken)
         .with_state(state)
 }
 
+/// Routes that need `scope`: a caller whose credential lacks it gets 403 before the
+/// handler runs. Every route under `/api/v1` and `/ui/api` is in one such group.
+fn scoped(scope: Scope, routes: Router<AppState>) -> Router<AppState> {
+    routes.route_layer(from_fn_with_state(scope, auth::require_scope))
+}
+
 /// The routes both surfaces serve, with one handler each: a request and its decision,
-/// and rooms. Under `/api/v1` (a token: decisions through channel `api`) and `/ui/api`
-/// (a session: channel `dashboard`).
+/// its review, and rooms. Under `/api/v1` (a token: decisions through channel `api`)
+/// and `/ui/api` (a session: channel `dashboard`).
 fn both_surfaces() -> Router<AppState> {
-    Router::new()
-        .route("/requests/{id}", get(rest::get_request))
-        .route("/requests/{id}/decision", post(rest::decide))
+    let request = Router::new().route("/requests/{id}", get(rest::get_request));
+    let decide = Router::new().route("/requests/{id}/decision", post(rest::decide));
+    let review = Router::new().route("/requests/{id}/review", post(rest::review));
+    let rooms = Router::new()
         .route("/rooms", get(rooms::list).post(rooms::create))
         .route(
             "/rooms/{room}/messages",
@@ -185,16 +193,17 @@ fn both_surfaces() -> Router<AppState> {
             "/rooms/{room}/blockers/{id}/resolve",
             post(rooms::close::<rooms::ResolveBody>),
         )
-        .route("/rooms/{room}/{action}", post(rooms::admin))
+        .route("/rooms/{room}/{action}", post(rooms::admin));
+    scoped(Scope::Request, request)
+        .merge(scoped(Scope::Decide, decide))
+        .merge(scoped(Scope::Evidence, review))
+        .merge(scoped(Scope::Rooms, rooms))
 }
 
 /// The REST API's own routes under `/api/v1`, behind a bearer token.
 fn token_routes() -> Router<AppState> {
-    Router::new()
-        .route(
-            "/requests",
-            post(rest::create_request).get(rest::list_requests),
-        )
+    let request = Router::new()
+        .route("/requests", post(rest::create_request))
         .route("/requests/{id}/wait", get(rest::wait_request))
         .route("/requests/{id}/cancel", post(rest::cancel))
         .route(
@@ -204,23 +213,29 @@ fn token_routes() -> Router<AppState> {
         .route(
             "/requests/{id}/outcome",
             post(rest::record::<rest::OutcomeBody>),
-        )
-        .route(
-            "/requests/{id}/review",
-            post(rest::record::<rest::ReviewBody>),
-        )
-        .route("/proofs/verify", post(rest::verify_proof))
-        .route("/tokens", get(rest::list_tokens).post(rest::create_token))
-        .route("/tokens/{id}/revoke", post(rest::revoke_token))
+        );
+    let decide = Router::new().route("/requests", get(rest::list_requests));
+    let verify = Router::new().route("/proofs/verify", post(rest::verify_proof));
+    let redeem = Router::new().route("/proofs/redeem", post(rest::redeem_proof));
+    let evidence = Router::new()
         .route("/decisions", post(rest::record_decision))
         .route("/evidence/{subject}", get(rest::get_evidence))
         .route("/evidence/verify", post(rest::verify_evidence))
-        .route("/deliveries", get(rest::deliveries))
         .route("/log/checkpoint", get(rest::log_checkpoint))
         .route("/log/key", get(rest::log_key))
         .route("/log/entries/{index}", get(rest::log_entry))
         .route("/log/proof/inclusion", get(rest::inclusion_proof))
-        .route("/log/proof/consistency", get(rest::consistency_proof))
+        .route("/log/proof/consistency", get(rest::consistency_proof));
+    let admin = Router::new()
+        .route("/tokens", get(rest::list_tokens).post(rest::create_token))
+        .route("/tokens/{id}/revoke", post(rest::revoke_token))
+        .route("/deliveries", get(rest::deliveries));
+    scoped(Scope::Request, request)
+        .merge(scoped(Scope::Decide, decide))
+        .merge(scoped(Scope::Verify, verify))
+        .merge(scoped(Scope::Redeem, redeem))
+        .merge(scoped(Scope::Evidence, evidence))
+        .merge(scoped(Scope::Admin, admin))
 }
 
 /// The dashboard's own JSON under `/ui/api`, behind a session.

@@ -8,7 +8,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use std::collections::BTreeMap;
 
-use countersign_core::{ApprovalRequest, DecisionInput, Role, Status, TokenRecord, Verdict};
+use countersign_core::{
+    ApprovalRequest, DecisionInput, Role, Scopes, Status, TokenRecord, Verdict,
+};
 use countersign_store::RequestQuery;
 use serde::Serialize;
 
@@ -16,10 +18,10 @@ use super::AppState;
 use super::auth::{Admin, Approver, Caller};
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery};
 use crate::error::GateError;
-use crate::gate::{DEFAULT_WAIT_SECONDS, wait_time};
+use crate::gate::{DEFAULT_WAIT_SECONDS, NewToken, wait_time};
 use crate::views::{
-    ApprovalView, DecisionBody, RequestApprovalInput, RequestApprovalOutput, RequestView,
-    VerifyOutput, VerifyProofInput,
+    ApprovalView, DecisionBody, RedeemOutput, RedeemProofInput, RequestApprovalInput,
+    RequestApprovalOutput, RequestView, ReviewOutput, VerifyOutput, VerifyProofInput,
 };
 
 pub(super) async fn healthz(State(state): State<AppState>) -> Response {
@@ -168,23 +170,46 @@ pub(super) async fn verify_proof(
     Ok(Json(report.into()))
 }
 
+/// A relying party redeems a proof for the exact action it is about to perform: once.
+pub(super) async fn redeem_proof(
+    Caller { gate, who, .. }: Caller,
+    ApiJson(input): ApiJson<RedeemProofInput>,
+) -> Result<Json<RedeemOutput>, ApiError> {
+    let action = input.action();
+    let redeemed = gate
+        .redeem_proof(&who, &input.proof.into(), &action)
+        .await?;
+    Ok(Json(RedeemOutput::new(&redeemed)))
+}
+
 #[derive(Debug, Serialize)]
 pub(super) struct TokenView {
     id: String,
     name: String,
     role: Role,
+    /// What it may reach: its own scopes, or all of its role's.
+    scopes: Scopes,
+    /// Whether it was narrowed to `scopes` (rather than having all of its role's).
+    scoped: bool,
     created_at: String,
+    expires_at: Option<String>,
     revoked_at: Option<String>,
+    /// active, expired or revoked.
+    status: &'static str,
 }
 
-impl From<&TokenRecord> for TokenView {
-    fn from(t: &TokenRecord) -> Self {
+impl TokenView {
+    fn new(t: &TokenRecord, now: countersign_core::Timestamp) -> Self {
         Self {
             id: t.id.clone(),
             name: t.name.clone(),
             role: t.role,
+            scopes: t.effective_scopes(),
+            scoped: t.scopes.is_some(),
             created_at: t.created_at.to_string(),
+            expires_at: t.expires_at.map(|r| r.to_string()),
             revoked_at: t.revoked_at.map(|r| r.to_string()),
+            status: t.status(now),
         }
     }
 }
@@ -193,13 +218,20 @@ pub(super) async fn list_tokens(
     Admin(Caller { gate, .. }): Admin,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     let tokens = gate.list_tokens().await?;
-    let views: Vec<TokenView> = tokens.iter().map(TokenView::from).collect();
+    let now = gate.now();
+    let views: Vec<TokenView> = tokens.iter().map(|t| TokenView::new(t, now)).collect();
     Ok(Json(serde_json::json!({ "tokens": views })))
 }
 
 input!(CreateTokenBody {
     name: String,
-    role: String
+    role: String,
+    /// A duration (`30d`) or an RFC 3339 time; absent: it never expires.
+    #[serde(default)]
+    expires: Option<String>,
+    /// A subset of the role's scopes; absent: all of them.
+    #[serde(default)]
+    scopes: Option<Vec<String>>,
 });
 
 pub(super) async fn create_token(
@@ -207,11 +239,19 @@ pub(super) async fn create_token(
     ApiJson(body): ApiJson<CreateTokenBody>,
 ) -> Result<Response, ApiError> {
     let role: Role = body.role.parse().map_err(GateError::BadInput)?;
-    let (record, secret) = admin
-        .gate
-        .create_token(&body.name, role, &admin.who)
-        .await?;
-    let mut view = serde_json::to_value(TokenView::from(&record))
+    let scopes = body
+        .scopes
+        .map(|list| Scopes::parse_list(&list.join(",")))
+        .transpose()
+        .map_err(|e| GateError::BadInput(format!("invalid scopes: {e}")))?;
+    let new = NewToken {
+        name: body.name,
+        role,
+        expires: body.expires,
+        scopes,
+    };
+    let (record, secret) = admin.gate.create_token_as(new, &admin.who).await?;
+    let mut view = serde_json::to_value(TokenView::new(&record, admin.gate.now()))
         .map_err(|e| GateError::internal("encode a token", e))?;
     view["token"] = serde_json::Value::String(secret);
     Ok(super::created(view))
@@ -222,15 +262,15 @@ pub(super) async fn revoke_token(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<TokenView>, ApiError> {
     let record = admin.gate.revoke_token(&id, &admin.who).await?;
-    Ok(Json(TokenView::from(&record)))
+    Ok(Json(TokenView::new(&record, admin.gate.now())))
 }
 
 input!(ActionBody { tool: String, #[serde(default)] details: BTreeMap<String, String> });
 input!(OutcomeBody { status: String, #[serde(default)] summary: Option<String>, #[serde(default)] details: BTreeMap<String, String> });
 input!(ReviewBody { verdict: String, #[serde(default)] notes: Option<String> });
 
-/// What the requester (or, for a review, the configured reviewer) records about a
-/// request after its decision: the action taken, its outcome, a review.
+/// What the requester records about a request after its decision: the action taken,
+/// its outcome.
 pub(super) trait Record: serde::de::DeserializeOwned + Send {
     fn record(
         self,
@@ -255,16 +295,19 @@ impl Record for OutcomeBody {
     }
 }
 
-impl Record for ReviewBody {
-    async fn record(self, call: &Caller, id: &str) -> Result<ApprovalRequest, GateError> {
-        let verdict = self.verdict.parse()?;
-        call.gate
-            .record_review(&call.who, id, verdict, self.notes)
-            .await
-    }
+/// `POST /requests/{id}/review`: the configured reviewer's review, once per request;
+/// answered with the review as recorded.
+pub(super) async fn review(
+    Caller { gate, who, .. }: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(body): ApiJson<ReviewBody>,
+) -> Result<Json<ReviewOutput>, ApiError> {
+    let verdict = body.verdict.parse()?;
+    let request = gate.record_review(&who, &id, verdict, body.notes).await?;
+    Ok(Json(ReviewOutput::new(&request, &who.id)))
 }
 
-/// `POST /requests/{id}/actions`, `/outcome` and `/review`.
+/// `POST /requests/{id}/actions` and `/outcome`.
 pub(super) async fn record<B: Record>(
     call: Caller,
     ApiPath(id): ApiPath<String>,

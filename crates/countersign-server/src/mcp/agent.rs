@@ -1,5 +1,5 @@
-//! The agent's tools: ask for approval, check and wait for the decision, verify a proof,
-//! record the action (using the approval up), withdraw a request.
+//! The agent's tools: ask for approval, check and wait for the decision, record the
+//! action (using the approval up), withdraw a request.
 
 use std::time::Duration;
 
@@ -13,10 +13,7 @@ use serde::{Deserialize, Serialize};
 use super::{McpService, ToolError};
 use crate::error::GateError;
 use crate::gate::{DEFAULT_WAIT_SECONDS, wait_time};
-use crate::views::{
-    ApprovalView, RecordActionInput, RequestApprovalInput, RequestApprovalOutput, VerifyOutput,
-    VerifyProofInput,
-};
+use crate::views::{ApprovalView, RecordActionInput, RequestApprovalInput, RequestApprovalOutput};
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -114,24 +111,6 @@ impl McpService {
             }
         };
         Ok(Json(ApprovalView::new(&request)))
-    }
-
-    #[tool(
-        description = "Verify a countersign proof: the signature against the published keys, that it is an approval, not expired and not used, and (when the action is given) that it is for exactly that action. Returns valid and every reason it is not.",
-        annotations(read_only_hint = true, open_world_hint = false)
-    )]
-    async fn verify_proof(
-        &self,
-        Parameters(input): Parameters<VerifyProofInput>,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<VerifyOutput>, ToolError> {
-        self.caller(&ctx)?;
-        let action = input.action()?;
-        let report = self
-            .gate
-            .verify_proof(&input.proof.into(), action.as_ref())
-            .await?;
-        Ok(Json(report.into()))
     }
 
     #[tool(

@@ -1,5 +1,5 @@
-//! Evidence tools: record an autonomous decision, an outcome or a review, export an
-//! evidence bundle and verify one.
+//! Evidence tools: record an autonomous decision or a review, export an evidence bundle
+//! and verify one; and recording an outcome, which belongs with the requester's tools.
 
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::service::RequestContext;
@@ -67,35 +67,6 @@ impl McpService {
     }
 
     #[tool(
-        description = "Record what came of an approved action after record_action: status succeeded, failed or partial, a summary and details. Once per request.",
-        annotations(
-            read_only_hint = false,
-            destructive_hint = false,
-            idempotent_hint = false,
-            open_world_hint = false
-        )
-    )]
-    async fn record_outcome(
-        &self,
-        Parameters(input): Parameters<crate::views::RecordOutcomeInput>,
-        ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ApprovalView>, ToolError> {
-        let who = self.caller(&ctx)?;
-        let status = input.status.parse()?;
-        let request = self
-            .gate
-            .record_outcome(
-                &who,
-                &input.request_id,
-                status,
-                input.summary,
-                input.details,
-            )
-            .await?;
-        Ok(Json(ApprovalView::new(&request)))
-    }
-
-    #[tool(
         description = "Export the evidence bundle of a request or recorded decision: a ZIP with its log entries, their Merkle inclusion proofs, the signed checkpoint, the signed decision proof and the public keys. Anyone can verify it offline.",
         annotations(read_only_hint = true, open_world_hint = false)
     )]
@@ -139,10 +110,42 @@ impl McpService {
     }
 }
 
+#[tool_router(router = outcome_router, vis = "pub(crate)")]
+impl McpService {
+    #[tool(
+        description = "Record what came of an approved action after record_action: status succeeded, failed or partial, a summary and details. Once per request.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = false,
+            open_world_hint = false
+        )
+    )]
+    async fn record_outcome(
+        &self,
+        Parameters(input): Parameters<crate::views::RecordOutcomeInput>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<ApprovalView>, ToolError> {
+        let who = self.caller(&ctx)?;
+        let status = input.status.parse()?;
+        let request = self
+            .gate
+            .record_outcome(
+                &who,
+                &input.request_id,
+                status,
+                input.summary,
+                input.details,
+            )
+            .await?;
+        Ok(Json(ApprovalView::new(&request)))
+    }
+}
+
 #[tool_router(router = review_router, vis = "pub(crate)")]
 impl McpService {
     #[tool(
-        description = "Record a review of how a decided request was handled (verdict accepted or flagged, with notes). The reviewer recorded is the one the operator configured.",
+        description = "Record your review of how a decided request was handled (verdict accepted or flagged, with notes), once per request. Only the reviewer the operator named may; the reply shows the review as recorded.",
         annotations(
             read_only_hint = false,
             destructive_hint = false,
@@ -154,13 +157,13 @@ impl McpService {
         &self,
         Parameters(input): Parameters<crate::views::RecordReviewInput>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Json<ApprovalView>, ToolError> {
+    ) -> Result<Json<crate::views::ReviewOutput>, ToolError> {
         let who = self.caller(&ctx)?;
         let verdict = input.verdict.parse()?;
         let request = self
             .gate
             .record_review(&who, &input.request_id, verdict, input.notes)
             .await?;
-        Ok(Json(ApprovalView::new(&request)))
+        Ok(Json(crate::views::ReviewOutput::new(&request, &who.id)))
     }
 }

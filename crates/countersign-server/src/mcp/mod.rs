@@ -1,18 +1,24 @@
 //! The MCP adapter: countersign's tools over rmcp, for stdio and Streamable HTTP alike.
 //! rmcp moves fast, so everything that touches it stays in this module: the service and
-//! its `ServerHandler` here, one file per tool group (`agent`, `evidence`, `rooms`,
-//! `operator`). A tool returns `Result<Json<T>, ToolError>`, so `?` turns a domain
-//! error into a tool error. Approvals live in the store, never in an MCP request's
-//! lifetime: a client that disconnects and comes back finds its request where it left it.
+//! its `ServerHandler` here, one file per tool group (`agent`, `proofs`, `evidence`,
+//! `rooms`, `operator`). A tool returns `Result<Json<T>, ToolError>`, so `?` turns a
+//! domain error into a tool error. Approvals live in the store, never in an MCP
+//! request's lifetime: a client that disconnects and comes back finds its request where
+//! it left it.
+//!
+//! Every tool belongs to one group, and each group says what a caller needs (a scope,
+//! and for some more than that): `tools/list` shows a caller only the tools it may call,
+//! and a call to any other is refused. A tool in no group cannot be called at all.
 
 mod agent;
 mod evidence;
 mod operator;
+mod proofs;
 mod rooms;
 
 use std::sync::Arc;
 
-use countersign_core::{CoreError, Decider, Principal};
+use countersign_core::{CoreError, Decider, Principal, Scope};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
@@ -41,14 +47,31 @@ pub enum Identity {
     PerRequest,
 }
 
+/// What a caller needs to be offered a group of tools.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Need {
+    /// The scope, nothing more.
+    Scope(Scope),
+    /// The decide scope, and the operator's `operator_tools = true`.
+    OperatorTools,
+    /// The rooms and decide scopes (removing members).
+    RoomAdmin,
+    /// To be the reviewer the operator named (with the evidence scope).
+    Reviewer,
+}
+
+/// A group of tools and what calling them needs.
+struct Group {
+    router: ToolRouter<McpService>,
+    need: Need,
+}
+
 #[derive(Clone)]
 pub struct McpService {
     gate: Arc<Gate>,
     identity: Identity,
     operator_tools_enabled: bool,
-    agent_router: Arc<ToolRouter<Self>>,
-    operator_router: Arc<ToolRouter<Self>>,
-    room_admin_router: Arc<ToolRouter<Self>>,
+    groups: Arc<Vec<Group>>,
 }
 
 /// A tool's failure, shown to the model as `code: message` (internal details stay in
@@ -84,20 +107,25 @@ impl IntoContents for ToolError {
 
 impl McpService {
     pub fn new(gate: Arc<Gate>, identity: Identity, operator_tools_enabled: bool) -> Self {
+        let group = |router, need| Group { router, need };
+        let groups = vec![
+            group(
+                Self::agent_router() + Self::outcome_router(),
+                Need::Scope(Scope::Request),
+            ),
+            group(Self::verify_router(), Need::Scope(Scope::Verify)),
+            group(Self::redeem_router(), Need::Scope(Scope::Redeem)),
+            group(Self::evidence_router(), Need::Scope(Scope::Evidence)),
+            group(Self::review_router(), Need::Reviewer),
+            group(Self::rooms_router(), Need::Scope(Scope::Rooms)),
+            group(Self::room_admin_router(), Need::RoomAdmin),
+            group(Self::operator_router(), Need::OperatorTools),
+        ];
         Self {
-            gate: gate.clone(),
+            gate,
             identity,
             operator_tools_enabled,
-            agent_router: Arc::new({
-                let mut router =
-                    Self::agent_router() + Self::evidence_router() + Self::rooms_router();
-                if gate.settings().reviewer.is_some() {
-                    router += Self::review_router();
-                }
-                router
-            }),
-            operator_router: Arc::new(Self::operator_router()),
-            room_admin_router: Arc::new(Self::room_admin_router()),
+            groups: Arc::new(groups),
         }
     }
 
@@ -118,20 +146,27 @@ impl McpService {
         }
     }
 
-    /// Whether this caller gets the operator tools: enabled by the operator, and only
-    /// ever for a principal that may decide.
-    fn may_decide(&self, ctx: &RequestContext<RoleServer>) -> bool {
-        self.caller(ctx)
-            .map(|p| p.role.may_decide())
-            .unwrap_or(false)
+    /// Whether `who` may call the tools of a group that needs `need`.
+    fn allows(&self, need: Need, who: &Principal) -> bool {
+        match need {
+            Need::Scope(scope) => who.may(scope),
+            Need::OperatorTools => self.operator_tools_enabled && who.may(Scope::Decide),
+            Need::RoomAdmin => who.may(Scope::Rooms) && who.may(Scope::Decide),
+            Need::Reviewer => self.gate.is_reviewer(who),
+        }
     }
 
-    fn operator_allowed(&self, ctx: &RequestContext<RoleServer>) -> bool {
-        self.operator_tools_enabled
-            && self
-                .caller(ctx)
-                .map(|p| p.role.may_decide())
-                .unwrap_or(false)
+    /// What to tell a caller who may not call a tool of a group that needs `need`.
+    fn refusal(need: Need, who: &Principal) -> String {
+        match need {
+            Need::Scope(scope) => format!(
+                "needs the {scope} scope, and {} ({} token) has {}",
+                who.id, who.role, who.scopes
+            ),
+            Need::OperatorTools => "is an operator tool: it needs operator_tools = true in the server's config and an approver or admin token with the decide scope".into(),
+            Need::RoomAdmin => "is for room admins: it needs an approver or admin token with the rooms and decide scopes".into(),
+            Need::Reviewer => "is for the reviewer the operator named in [review] reviewer".into(),
+        }
     }
 
     fn decider(&self, ctx: &RequestContext<RoleServer>) -> Result<Decider, ToolError> {
@@ -159,13 +194,15 @@ impl ServerHandler for McpService {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let mut tools = self.agent_router.list_all();
-        if self.operator_allowed(&context) {
-            tools.extend(self.operator_router.list_all());
-        }
-        if self.may_decide(&context) {
-            tools.extend(self.room_admin_router.list_all());
-        }
+        let tools = match self.caller(&context) {
+            Ok(who) => self
+                .groups
+                .iter()
+                .filter(|g| self.allows(g.need, &who))
+                .flat_map(|g| g.router.list_all())
+                .collect(),
+            Err(_) => Vec::new(),
+        };
         Ok(ListToolsResult::with_all_items(tools))
     }
 
@@ -174,41 +211,32 @@ impl ServerHandler for McpService {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        // The guarded groups: who may call them, and what to say to anyone else.
-        let guarded = [
-            (
-                &self.operator_router,
-                self.operator_allowed(&context),
-                "is an operator tool: it needs operator_tools = true in the server's config and an approver or admin token",
-            ),
-            (
-                &self.room_admin_router,
-                self.may_decide(&context),
-                "is for room admins: it needs an approver or admin token",
-            ),
-        ];
-        for (router, allowed, refusal) in guarded {
-            if router.has_route(&request.name) {
-                if !allowed {
-                    return Err(ErrorData::invalid_params(
-                        format!("tool {} {refusal}", request.name),
-                        None,
-                    ));
-                }
-                return router
-                    .call(ToolCallContext::new(self, request, context))
-                    .await;
-            }
+        let Some(group) = self
+            .groups
+            .iter()
+            .find(|g| g.router.has_route(&request.name))
+        else {
+            return Err(ErrorData::invalid_params(
+                format!("there is no tool {}", request.name),
+                None,
+            ));
+        };
+        let who = self
+            .caller(&context)
+            .map_err(|_| ErrorData::invalid_params("no authenticated principal", None))?;
+        if !self.allows(group.need, &who) {
+            return Err(ErrorData::invalid_params(
+                format!("tool {} {}", request.name, Self::refusal(group.need, &who)),
+                None,
+            ));
         }
-        let tcc = ToolCallContext::new(self, request, context);
-        self.agent_router.call(tcc).await
+        group
+            .router
+            .call(ToolCallContext::new(self, request, context))
+            .await
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.agent_router
-            .get(name)
-            .or_else(|| self.operator_router.get(name))
-            .or_else(|| self.room_admin_router.get(name))
-            .cloned()
+        self.groups.iter().find_map(|g| g.router.get(name)).cloned()
     }
 }

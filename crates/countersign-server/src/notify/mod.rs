@@ -35,7 +35,9 @@ use smtp::SmtpUrl;
 pub use outbox::Notifier;
 pub use plan::plan;
 
-/// Who a request goes to: its recipients, or the default routes.
+/// Who a request goes to: the configured routes, always, and the recipients it names
+/// (which `request_approval` accepted only if they are known approvers): a request can
+/// add people to tell, never keep the configured ones from being told.
 pub fn plan_routes(
     config: &NotifyConfig,
     request: &countersign_core::ApprovalRequest,
@@ -47,8 +49,10 @@ pub fn plan_routes(
     if let Some(email) = &request.recipient_email {
         routes.push(Route::Email(email.clone()));
     }
-    if routes.is_empty() {
-        routes = config.default_routes.clone();
+    for route in &config.default_routes {
+        if !routes.iter().any(|r| r.same_target(route)) {
+            routes.push(route.clone());
+        }
     }
     routes
 }
@@ -60,6 +64,17 @@ pub enum Route {
     /// A Slack user (`U...`) or channel (`#name` or `C...`).
     Slack(String),
     Email(String),
+}
+
+impl Route {
+    /// Whether two routes reach the same place (email addresses ignoring case).
+    pub fn same_target(&self, other: &Route) -> bool {
+        match (self, other) {
+            (Route::Slack(a), Route::Slack(b)) => a == b,
+            (Route::Email(a), Route::Email(b)) => a.eq_ignore_ascii_case(b),
+            _ => false,
+        }
+    }
 }
 
 impl std::str::FromStr for Route {
@@ -100,8 +115,11 @@ pub struct ReminderConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NotifyConfig {
     pub webhooks: Vec<WebhookConfig>,
-    /// Where requests without a recipient go.
+    /// Where every request goes, whatever recipients it names.
     pub default_routes: Vec<Route>,
+    /// Recipients a request may name besides the approvers mapped in `[email]` and
+    /// `[slack]` (a team channel, a shared inbox).
+    pub allowed_recipients: Vec<Route>,
     pub reminders: Option<ReminderConfig>,
     /// How often a failed delivery is retried before it is given up.
     pub max_attempts: u32,
@@ -126,6 +144,7 @@ impl Default for NotifyConfig {
         Self {
             webhooks: Vec::new(),
             default_routes: Vec::new(),
+            allowed_recipients: Vec::new(),
             reminders: None,
             max_attempts: DEFAULT_MAX_ATTEMPTS,
             lease_seconds: DEFAULT_LEASE_SECONDS,
@@ -169,6 +188,37 @@ impl NotifyConfig {
             ));
         }
         Ok(())
+    }
+
+    /// Who a request may name as recipients: the approvers mapped to dashboard accounts
+    /// in `[email]` and `[slack]` (checked to be active approvers when a request names
+    /// them), `allowed_recipients`, and the routes that are told anyway (the defaults,
+    /// the escalation routes).
+    pub fn recipients(&self) -> crate::gate::Recipients {
+        let mut out = crate::gate::Recipients::default();
+        if let Some(email) = &self.email {
+            for (address, username) in &email.approvers {
+                out.email
+                    .insert(address.to_lowercase(), Some(username.clone()));
+            }
+        }
+        if let Some(slack) = &self.slack {
+            for (user, username) in &slack.approvers {
+                out.slack.insert(user.clone(), Some(username.clone()));
+            }
+        }
+        let listed = self
+            .allowed_recipients
+            .iter()
+            .chain(&self.default_routes)
+            .chain(self.reminders.iter().flat_map(|r| &r.escalate_to));
+        for route in listed {
+            match route {
+                Route::Email(to) => out.email.entry(to.to_lowercase()).or_insert(None),
+                Route::Slack(to) => out.slack.entry(to.clone()).or_insert(None),
+            };
+        }
+        out
     }
 
     pub fn is_empty(&self) -> bool {
@@ -442,7 +492,7 @@ pub(crate) fn message_id(origin: &str, delivery_id: &str) -> String {
 
 /// The event types notifications are sent for (webhooks subscribe to these), with
 /// the log event each names.
-const NOTIFIED: [(countersign_core::EventKind, &str); 6] = {
+const NOTIFIED: [(countersign_core::EventKind, &str); 7] = {
     use countersign_core::EventKind::*;
     [
         (RequestCreated, "request.created"),
@@ -450,13 +500,14 @@ const NOTIFIED: [(countersign_core::EventKind, &str); 6] = {
         (RequestTimedOut, "request.timed_out"),
         (RequestCancelled, "request.cancelled"),
         (ActionRecorded, "action.recorded"),
+        (ProofRedeemed, "proof.redeemed"),
         (OutcomeRecorded, "outcome.recorded"),
     ]
 };
 
 /// The event types a webhook may subscribe to.
-pub const EVENT_TYPES: [&str; 6] = {
-    let mut names = [""; 6];
+pub const EVENT_TYPES: [&str; 7] = {
+    let mut names = [""; 7];
     let mut i = 0;
     while i < NOTIFIED.len() {
         names[i] = NOTIFIED[i].1;
@@ -509,6 +560,7 @@ mod tests {
             EventKind::RequestTimedOut,
             EventKind::RequestCancelled,
             EventKind::ActionRecorded,
+            EventKind::ProofRedeemed,
             EventKind::OutcomeRecorded,
             EventKind::TokenCreated,
             EventKind::MessagePosted,
@@ -518,7 +570,7 @@ mod tests {
         .collect();
         assert_eq!(
             named, EVENT_TYPES,
-            "the six request events, in order, and no others"
+            "the seven request events, in order, and no others"
         );
     }
 }

@@ -6,7 +6,6 @@ use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use countersign_core::bundle;
 use countersign_core::checkpoint::Checkpoint;
-use countersign_core::evidence::Reviewer;
 use countersign_core::merkle;
 use countersign_core::{Jwks, Principal, Role};
 use countersign_server::{HttpConfig, Settings};
@@ -363,75 +362,6 @@ async fn full_bundles_open_every_commitment_when_allowed() {
         payload["payload"]["action"]["description"],
         "Email customers"
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reviews_are_off_by_default_and_record_the_configured_reviewer() {
-    let server = start().await;
-    let id = server.create_default().await;
-    server.decide(&server.approver, &id, "approved").await;
-    let agent = server.mcp(&server.agent).await;
-    assert!(
-        !agent
-            .tool_names()
-            .await
-            .contains(&"record_review".to_string())
-    );
-    let (status, body) = server
-        .post(
-            &format!("/api/v1/requests/{id}/review"),
-            &server.agent,
-            json!({"verdict": "accepted"}),
-        )
-        .await;
-    assert_eq!(status, 403, "{body}");
-
-    let reviewer = Reviewer {
-        id: "config:audit-team".into(),
-        display_name: "Audit team".into(),
-    };
-    let settings = Settings {
-        reviewer: Some(reviewer),
-        ..Settings::default()
-    };
-    let server = start_full(HttpConfig::default(), settings).await;
-    let id = server.create_default().await;
-    let agent = server.mcp(&server.agent).await;
-    assert!(
-        agent
-            .tool_names()
-            .await
-            .contains(&"record_review".to_string())
-    );
-    let early = err(&agent
-        .call(
-            "record_review",
-            json!({"request_id": id, "verdict": "accepted"}),
-        )
-        .await);
-    assert!(early.contains("still pending"), "{early}");
-    server.decide(&server.approver, &id, "approved").await;
-    // The model cannot name the reviewer.
-    let spoof = err(&agent
-        .call(
-            "record_review",
-            json!({"request_id": id, "verdict": "accepted", "reviewer": "me"}),
-        )
-        .await);
-    assert!(spoof.contains("unknown field"), "{spoof}");
-    ok(&agent
-        .call(
-            "record_review",
-            json!({"request_id": id, "verdict": "flagged", "notes": "amount looks high"}),
-        )
-        .await);
-    let request = server
-        .gate
-        .get(&Principal::from_token("alice", Role::Approver), &id)
-        .await
-        .unwrap();
-    assert_eq!(request.reviews[0].reviewer.id, "config:audit-team");
-    assert_eq!(request.reviews[0].recorded_by, "token:deploy-bot");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

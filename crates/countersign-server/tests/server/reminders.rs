@@ -11,7 +11,7 @@ use countersign_server::notify::smtp::SmtpUrl;
 use countersign_server::notify::{Notifier, NotifyConfig, ReminderConfig, Route};
 use serde_json::json;
 
-use super::support::start_clocked;
+use super::support::start_clocked_with;
 
 /// The planned reminders and escalations: (id, subject), sorted.
 async fn reminders(notifier: &Notifier) -> Vec<(String, String)> {
@@ -32,7 +32,15 @@ async fn reminders_and_escalations_notify_once_and_never_approve() {
     let clock = Arc::new(FixedClock::new(
         Timestamp::parse("2026-11-29T09:00:00Z").unwrap(),
     ));
-    let server = start_clocked(clock.clone()).await;
+    // alice@example.com may be named as a recipient (the operator listed it).
+    let settings = countersign_server::Settings {
+        recipients: countersign_server::gate::Recipients {
+            email: BTreeMap::from([("alice@example.com".to_string(), None)]),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let server = start_clocked_with(clock.clone(), settings).await;
     let config = NotifyConfig {
         email: Some(EmailConfig {
             // Nothing is sent in this test: it looks at what the outbox plans.

@@ -23,6 +23,8 @@ pub struct TestServer {
     pub approver: String,
     pub approver2: String,
     pub admin: String,
+    /// An executor's token (`payments`): it may verify and redeem proofs, nothing else.
+    pub executor: String,
     pub http: reqwest::Client,
     shutdown: CancellationToken,
     _dir: tempfile::TempDir,
@@ -48,7 +50,14 @@ pub async fn start_full(config: HttpConfig, settings: Settings) -> TestServer {
 
 /// A server whose gate reads the time from `clock` (e.g. a `FixedClock` the test moves).
 pub async fn start_clocked(clock: Arc<dyn countersign_core::Clock>) -> TestServer {
-    start_inner(HttpConfig::default(), Settings::default(), clock).await
+    start_clocked_with(clock, Settings::default()).await
+}
+
+pub async fn start_clocked_with(
+    clock: Arc<dyn countersign_core::Clock>,
+    settings: Settings,
+) -> TestServer {
+    start_inner(HttpConfig::default(), settings, clock).await
 }
 
 async fn start_inner(
@@ -77,6 +86,7 @@ async fn start_inner(
     let approver = token("alice", Role::Approver).await;
     let approver2 = token("bob", Role::Approver).await;
     let admin = token("root", Role::Admin).await;
+    let executor = token("payments", Role::Executor).await;
 
     let shutdown = CancellationToken::new();
     let app = countersign_server::router(gate.clone(), &config, shutdown.clone());
@@ -97,6 +107,7 @@ async fn start_inner(
         approver,
         approver2,
         admin,
+        executor,
         http: reqwest::Client::new(),
         shutdown,
         _dir: dir,

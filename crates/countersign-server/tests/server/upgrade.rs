@@ -262,6 +262,24 @@ async fn opens_and_works(name: &str) {
         "pending deliveries are claimed"
     );
 
+    // A request stored before redemption existed is redeemed once, by an executor.
+    let clicked = gate.get(&agent, &text("/requests/clicked")).await.unwrap();
+    let executor = Principal::from_token("payments", Role::Executor);
+    let proof = clicked.proof.clone().unwrap();
+    let redeemed = gate
+        .redeem_proof(&executor, &proof, &clicked.action)
+        .await
+        .unwrap();
+    assert_eq!(
+        redeemed.request.used().unwrap().1,
+        "redeemed by token:payments"
+    );
+    let again = gate
+        .redeem_proof(&executor, &proof, &clicked.action)
+        .await
+        .unwrap_err();
+    assert_eq!(again.code(), "already_used", "{again}");
+
     // Slack: the click the old server handled is still known the next day, so a replay
     // of it does nothing.
     clock.advance_seconds(24 * 3600);
@@ -305,5 +323,75 @@ async fn opens_and_works(name: &str) {
             .contains("already received"),
         "{answer}"
     );
+
+    tokens_made_before_still_work(&meta, &format!("http://{addr}")).await;
     shutdown.cancel();
+}
+
+/// The fixture's tokens (made before tokens had an expiry, scopes or unique names) work
+/// as they did: no expiry, everything their role may, and their names stay theirs.
+async fn tokens_made_before_still_work(meta: &Value, base: &str) {
+    let token = |name: &str| meta["tokens"][name].as_str().unwrap().to_string();
+    let http = reqwest::Client::new();
+    let call = |method: reqwest::Method, path: &str, who: &str, body: Option<Value>| {
+        let mut request = http
+            .request(method, format!("{base}{path}"))
+            .bearer_auth(token(who));
+        if let Some(body) = body {
+            request = request.json(&body);
+        }
+        async move {
+            let resp = request.send().await.unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    let (status, list) = call(reqwest::Method::GET, "/api/v1/tokens", "root", None).await;
+    assert_eq!(status, 200, "{list}");
+    for (name, role, scopes) in [
+        (
+            "root",
+            "admin",
+            json!(["request", "rooms", "evidence", "verify", "decide", "admin"]),
+        ),
+        (
+            "deploy-bot",
+            "agent",
+            json!(["request", "rooms", "evidence", "verify"]),
+        ),
+        (
+            "bob",
+            "approver",
+            json!(["request", "rooms", "evidence", "verify", "decide"]),
+        ),
+    ] {
+        let listed = list["tokens"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|t| t["name"] == name)
+            .unwrap_or_else(|| panic!("{name} in {list}"));
+        assert_eq!(listed["role"], role);
+        assert_eq!(listed["status"], "active", "{listed}");
+        assert_eq!(listed["expires_at"], Value::Null);
+        assert_eq!(listed["scoped"], false);
+        assert_eq!(listed["scopes"], scopes);
+    }
+    let ask = json!({"action_description": "After the upgrade"});
+    let (status, created) = call(
+        reqwest::Method::POST,
+        "/api/v1/requests",
+        "deploy-bot",
+        Some(ask),
+    )
+    .await;
+    assert_eq!(status, 201, "{created}");
+    let (status, _) = call(reqwest::Method::GET, "/api/v1/requests", "bob", None).await;
+    assert_eq!(status, 200, "the approver still lists requests");
+    let (status, _) = call(reqwest::Method::GET, "/api/v1/requests", "deploy-bot", None).await;
+    assert_eq!(status, 403, "the agent still may not");
+    let again = json!({"name": "Deploy-Bot", "role": "agent"});
+    let (status, refused) =
+        call(reqwest::Method::POST, "/api/v1/tokens", "root", Some(again)).await;
+    assert_eq!(status, 400, "the name stays taken: {refused}");
 }

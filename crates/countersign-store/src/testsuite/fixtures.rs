@@ -116,6 +116,8 @@ pub fn token(id: &str, name: &str, hash: &str, created: i64) -> (TokenRecord, Se
         hash: hash.to_string(),
         created_at: at(created),
         revoked_at: None,
+        expires_at: None,
+        scopes: None,
     };
     let event = Event::system(
         EventKind::TokenCreated,

@@ -90,6 +90,23 @@ pub async fn imports_copy_rows_without_events(store: Arc<dyn Store>) {
         assert!(matches!(err, StoreError::Duplicate(_)), "{err}");
     }
     assert_eq!(store.list_tokens().await.unwrap().len(), 2);
+    // Two tokens that shared a name before names were unique both come across, and the
+    // name stays taken for new tokens.
+    let twin = TokenRecord {
+        id: "tok_twin".into(),
+        hash: "hash-twin".into(),
+        created_at: at(5),
+        ..active.clone()
+    };
+    store.import_token(&twin).await.unwrap();
+    assert_eq!(
+        store.token_by_hash("hash-twin").await.unwrap(),
+        Some(twin.clone())
+    );
+    let (renamed, event) = token("tok_new", "LIVE", "hash-new", 9);
+    let err = store.create_token(&renamed, &event).await.unwrap_err();
+    assert!(matches!(err, StoreError::Duplicate(_)), "{err}");
+    assert_eq!(store.list_tokens().await.unwrap().len(), 3);
     assert_no_events(&store).await;
 
     // Imported rows carry on as usual: the pending request can be decided, from the

@@ -68,7 +68,7 @@ pub use requests::{
     idempotent_create_returns_existing, list_requests_filters_and_order, request_round_trip,
 };
 pub use settings::meta_set_once_first_writer_wins;
-pub use tokens::tokens;
+pub use tokens::{token_names_expiry_and_scopes, tokens};
 
 /// Expands into one `#[tokio::test]` per suite test; see the [module docs](crate::testsuite).
 #[macro_export]
@@ -94,6 +94,7 @@ macro_rules! store_test_suite {
             expiry_queries,
             list_requests_filters_and_order,
             tokens,
+            token_names_expiry_and_scopes,
             change_feed_wakes_watchers_on_poke,
             change_feed_polls_without_poke,
             docs_round_trip,

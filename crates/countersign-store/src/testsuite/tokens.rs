@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use countersign_core::TokenRecord;
+use countersign_core::{Role, Scope, Scopes, TokenRecord};
 
 use crate::{Store, StoreError};
 
@@ -78,5 +78,53 @@ pub async fn tokens(store: Arc<dyn Store>) {
     assert_eq!(
         kinds(&all_events(&store).await),
         ["token_created", "token_created", "token_revoked"]
+    );
+}
+
+/// A token's expiry and scopes read back as written; its name is never given to
+/// another token, whatever the case of its letters, even after it is revoked.
+pub async fn token_names_expiry_and_scopes(store: Arc<dyn Store>) {
+    let (plain, event) = token("tok_a", "Deploy-Bot", "hash-a", 10);
+    store.create_token(&plain, &event).await.unwrap();
+    let scoped = TokenRecord {
+        role: Role::Executor,
+        expires_at: Some(at(3600)),
+        scopes: Some(Scopes::of([Scope::Redeem])),
+        ..token("tok_b", "payments", "hash-b", 20).0
+    };
+    let (_, event) = token("tok_b", "payments", "hash-b", 20);
+    store.create_token(&scoped, &event).await.unwrap();
+    assert_eq!(
+        store.token_by_hash("hash-b").await.unwrap(),
+        Some(scoped.clone())
+    );
+    assert_eq!(
+        store.list_tokens().await.unwrap(),
+        vec![plain.clone(), scoped]
+    );
+
+    for name in ["Deploy-Bot", "deploy-bot", "DEPLOY-BOT"] {
+        let (again, event) = token("tok_c", name, "hash-c", 30);
+        let err = store.create_token(&again, &event).await.unwrap_err();
+        assert!(matches!(err, StoreError::Duplicate(_)), "{err}");
+        assert!(err.to_string().contains("tok_a"), "names the holder: {err}");
+        assert!(err.to_string().contains("never reused"), "{err}");
+    }
+    store
+        .revoke_token("tok_a", at(40), &token_revoked(&plain, 40))
+        .await
+        .unwrap();
+    let (after_revoke, event) = token("tok_d", "deploy-bot", "hash-d", 50);
+    let err = store.create_token(&after_revoke, &event).await.unwrap_err();
+    assert!(matches!(err, StoreError::Duplicate(_)), "{err}");
+    // A clash on the hash is still reported as one, even when the name clashes too.
+    let (both, event) = token("tok_e", "deploy-bot", "hash-b", 60);
+    let err = store.create_token(&both, &event).await.unwrap_err();
+    assert!(err.to_string().contains("same hash (tok_b)"), "{err}");
+    assert_eq!(store.list_tokens().await.unwrap().len(), 2);
+    assert_eq!(
+        kinds(&all_events(&store).await),
+        ["token_created", "token_created", "token_revoked"],
+        "a refused token writes no event"
     );
 }

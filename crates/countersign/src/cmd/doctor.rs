@@ -43,6 +43,9 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         Some(path) => r.ok(&format!("config file {} is valid", path.display())),
         None => r.ok("no config file; using defaults and COUNTERSIGN_* variables"),
     }
+    for warning in &config.warnings {
+        r.warn(warning);
+    }
     check_channels(config, &mut r).await;
 
     let dir = &config.data_dir;
@@ -126,10 +129,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
                     config.database.describe()
                 ));
                 match store.list_tokens().await {
-                    Ok(tokens) if tokens.iter().any(|t| t.is_active()) => {
-                        r.ok(&format!("{} active token(s)", tokens.iter().filter(|t| t.is_active()).count()))
-                    }
-                    Ok(_) => r.warn("no active tokens: HTTP clients cannot authenticate (countersign token create --role agent --name NAME)"),
+                    Ok(tokens) => check_tokens(config, &tokens, &mut r),
                     Err(e) => r.fail(&format!("cannot read tokens: {e}")),
                 }
             }
@@ -179,6 +179,40 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(finish(&r))
+}
+
+/// How many tokens work, tokens that share a name (made before names were unique: they
+/// act as one principal), and whether the configured reviewer is a token that works.
+fn check_tokens(config: &Config, tokens: &[countersign_core::TokenRecord], r: &mut Report) {
+    let now = countersign_core::Clock::now(&countersign_core::SystemClock);
+    let usable = tokens.iter().filter(|t| t.is_usable(now)).count();
+    if usable > 0 {
+        r.ok(&format!("{usable} active token(s)"));
+    } else {
+        r.warn("no active tokens: HTTP clients cannot authenticate (countersign token create --role agent --name NAME)");
+    }
+    let mut by_name: std::collections::BTreeMap<String, Vec<&str>> = Default::default();
+    for t in tokens.iter().filter(|t| t.is_active()) {
+        by_name
+            .entry(countersign_core::token::name_key(&t.name))
+            .or_default()
+            .push(&t.id);
+    }
+    for (name, ids) in by_name.iter().filter(|(_, ids)| ids.len() > 1) {
+        r.warn(&format!(
+            "tokens {} share the name {name:?} (made before names were unique): they act as one principal, token:{name}, with one another's requests and approvals; revoke all but one",
+            ids.join(", ")
+        ));
+    }
+    if let Some(reviewer) = &config.reviewer
+        && let Some(name) = reviewer.principal.strip_prefix("token:")
+        && !tokens.iter().any(|t| t.name == name && t.is_usable(now))
+    {
+        r.warn(&format!(
+            "[review] reviewer is {}, but no active token has that name: nobody can record reviews",
+            reviewer.principal
+        ));
+    }
 }
 
 /// Slack, email and webhooks: each configured channel gets an ok or FAIL line.

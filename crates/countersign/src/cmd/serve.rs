@@ -47,6 +47,9 @@ fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
 
 pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
     let gate = runtime::open(config).await?;
+    for warning in &config.warnings {
+        eprintln!("warning: {warning}");
+    }
     let listener = listen(config.listen).with_context(|| {
         format!(
             "could not listen on {} (is another countersign already running? `countersign doctor` checks)",

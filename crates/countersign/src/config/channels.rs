@@ -77,6 +77,7 @@ fn webhooks(sections: Vec<WebhookSection>) -> anyhow::Result<Vec<WebhookConfig>>
 /// `[notify]`: what is set replaces the default; the bounds are checked by `validate`.
 fn apply_notify(notify: &mut NotifyConfig, section: NotifySection) -> anyhow::Result<()> {
     notify.default_routes = routes(section.default_routes)?;
+    notify.allowed_recipients = routes(section.allowed_recipients)?;
     notify.max_attempts = section.max_attempts.unwrap_or(notify.max_attempts);
     notify.lease_seconds = section.lease_seconds.unwrap_or(notify.lease_seconds);
     notify.history_days = section.history_days.unwrap_or(notify.history_days);

@@ -73,6 +73,9 @@ pub struct EvidenceSection {
 #[serde(deny_unknown_fields)]
 pub struct ReviewSection {
     pub enabled: Option<bool>,
+    /// Who may record reviews: `token:<name>` or `user:<username>`.
+    pub reviewer: Option<String>,
+    /// What reviews show as their reviewer (from before `reviewer`).
     pub reviewer_id: Option<String>,
     pub reviewer_name: Option<String>,
 }
@@ -124,6 +127,8 @@ pub struct WebhookSection {
 pub struct NotifySection {
     #[serde(default)]
     pub default_routes: Vec<String>,
+    #[serde(default)]
+    pub allowed_recipients: Vec<String>,
     pub max_attempts: Option<u32>,
     pub lease_seconds: Option<u64>,
     pub history_days: Option<u64>,

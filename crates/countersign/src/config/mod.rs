@@ -17,7 +17,8 @@ use std::ops::RangeInclusive;
 use std::path::PathBuf;
 
 use anyhow::{Context, bail};
-use countersign_server::gate::{DEFAULT_SESSION_SECONDS, MAX_SESSION_SECONDS};
+use countersign_core::evidence::Reviewer;
+use countersign_server::gate::{DEFAULT_SESSION_SECONDS, MAX_SESSION_SECONDS, ReviewerSettings};
 use countersign_server::{HttpConfig, Settings};
 
 pub use database::Database;
@@ -52,8 +53,11 @@ pub struct Config {
     pub log_origin: Option<String>,
     /// Whether evidence bundles may include raw payloads (mode full).
     pub raw_payload_export: bool,
-    /// The reviewer `record_review` records; `None` keeps it off.
-    pub reviewer: Option<(String, String)>,
+    /// Who may record reviews, and what they show; `None` keeps `record_review` off.
+    pub reviewer: Option<ReviewerSettings>,
+    /// What the settings are valid but probably not meant as (`serve` and `doctor` say
+    /// each).
+    pub warnings: Vec<String>,
     /// How people reach this server: links in invitations and emails.
     pub public_url: String,
     /// How long a dashboard session lasts.
@@ -129,7 +133,8 @@ impl Config {
             listen,
         )?;
         let log_origin = log_origin(log)?;
-        let reviewer = reviewer(review)?;
+        let mut warnings = Vec::new();
+        let reviewer = reviewer(review, &mut warnings)?;
         let database = database::resolve(overrides, &env, database_url, &data_dir)?;
         let feed_poll_ms = database::feed_poll_ms(&env, feed_poll_ms, &database)?;
         let keys_dir = env
@@ -156,6 +161,7 @@ impl Config {
                 .and_then(|e| e.raw_payload_export)
                 .unwrap_or(Settings::default().raw_payload_export),
             reviewer,
+            warnings,
             listen,
             data_dir,
             config_file,
@@ -304,21 +310,75 @@ fn log_origin(log: Option<LogSection>) -> anyhow::Result<Option<String>> {
     Ok(origin)
 }
 
-/// `[review]`: the identity every review records, when reviews are on.
-fn reviewer(review: Option<ReviewSection>) -> anyhow::Result<Option<(String, String)>> {
+/// `[review]`: who may record reviews (`reviewer`, a token or a dashboard account), and
+/// what every review shows as its reviewer (`reviewer_id` and `reviewer_name`, which
+/// were once the only settings and said nothing about who may review: kept as the label,
+/// with a warning).
+fn reviewer(
+    review: Option<ReviewSection>,
+    warnings: &mut Vec<String>,
+) -> anyhow::Result<Option<ReviewerSettings>> {
     let Some(ReviewSection {
-        enabled: Some(true),
+        enabled,
+        reviewer,
         reviewer_id,
         reviewer_name,
     }) = review
     else {
         return Ok(None);
     };
-    let id = reviewer_id.filter(|s| !s.trim().is_empty()).context(
-        "[review] enabled = true needs reviewer_id: the identity recorded for every review",
-    )?;
-    let name = reviewer_name.unwrap_or_else(|| id.clone());
-    Ok(Some((id, name)))
+    let present = |s: Option<String>| s.map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
+    let label = match (present(reviewer_id), present(reviewer_name)) {
+        (Some(id), name) => Some(Reviewer {
+            display_name: name.unwrap_or_else(|| id.clone()),
+            id,
+        }),
+        (None, Some(_)) => bail!("[review] reviewer_name needs reviewer_id"),
+        (None, None) => None,
+    };
+    if enabled == Some(false) {
+        return Ok(None);
+    }
+    let Some(principal) = present(reviewer) else {
+        if label.is_some() {
+            warnings.push(
+                "[review] reviewer_id only says what reviews show as their reviewer; name who may record them with [review] reviewer = \"token:<name>\" or \"user:<username>\": until then record_review is off"
+                    .into(),
+            );
+            return Ok(None);
+        }
+        if enabled == Some(true) {
+            bail!(
+                "[review] enabled = true needs reviewer: who may record reviews, \"token:<name>\" (a bearer token) or \"user:<username>\" (a dashboard account)"
+            );
+        }
+        return Ok(None);
+    };
+    check_reviewer(&principal)?;
+    if let Some(label) = &label {
+        warnings.push(format!(
+            "[review] reviewer_id {:?} is shown as the reviewer of every review {principal} records; remove reviewer_id and reviewer_name to show {principal} itself",
+            label.id
+        ));
+    }
+    Ok(Some(ReviewerSettings { principal, label }))
+}
+
+/// A reviewer is named as a principal: `token:<name>` or `user:<username>`.
+fn check_reviewer(principal: &str) -> anyhow::Result<()> {
+    let named = match principal.split_once(':') {
+        Some(("token", name)) => countersign_core::token::validate_token_name(name).is_ok(),
+        Some(("user", name)) => {
+            !name.is_empty() && name.chars().all(|c| !c.is_whitespace() && !c.is_control())
+        }
+        _ => false,
+    };
+    if !named {
+        bail!(
+            "[review] reviewer {principal:?} must name who may record reviews: \"token:<name>\" for a bearer token (countersign token list), or \"user:<username>\" for a dashboard account"
+        );
+    }
+    Ok(())
 }
 
 /// `session_hours`, by default the server's session length (a whole number of hours).

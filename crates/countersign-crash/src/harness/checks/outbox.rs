@@ -21,6 +21,7 @@ fn webhook_type(kind: EventKind) -> Option<&'static str> {
         EventKind::RequestTimedOut => "request.timed_out",
         EventKind::RequestCancelled => "request.cancelled",
         EventKind::ActionRecorded => "action.recorded",
+        EventKind::ProofRedeemed => "proof.redeemed",
         EventKind::OutcomeRecorded => "outcome.recorded",
         _ => return None,
     })
