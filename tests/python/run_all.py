@@ -63,6 +63,9 @@ def main() -> int:
 
     scratch = Path(tempfile.mkdtemp(prefix="countersign-pytest-"))
     data_dir = scratch / "data"
+    data_dir.mkdir(mode=0o700)
+    # A request may name ops@example.com as a recipient (a known one); nothing is sent.
+    (data_dir / "countersign.toml").write_text('[notify]\nallowed_recipients = ["email:ops@example.com"]\n')
     server = Server(binary, data_dir)
     keep = os.environ.get("COUNTERSIGN_TEST_KEEP") == "1"
     try:

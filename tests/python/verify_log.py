@@ -53,6 +53,7 @@ ENTRY_TYPES = {
     "request_timed_out",
     "request_cancelled",
     "action_recorded",
+    "proof_redeemed",
     "outcome_recorded",
     "review_recorded",
     "decision_recorded",
@@ -89,10 +90,11 @@ DATA_MEMBERS = {
     "request_timed_out": {"version", "expires_at"},
     "request_cancelled": {"version"},
     "action_recorded": {"version", "action_digest", "tool"},
+    "proof_redeemed": {"version", "action_digest", "nonce"},
     "outcome_recorded": {"version", "status"},
     "review_recorded": {"version", "reviewer", "verdict"},
     "decision_recorded": {"version", "model", "authority", "related_request"},
-    "token_created": {"token_id", "name", "role"},
+    "token_created": {"token_id", "name", "role", "expires_at", "scopes"},
     "token_revoked": {"token_id", "name"},
     "key_rotated": {"old_kid", "new_kid"},
     **{t: {"user_id", "username", "role"} for t in USER_EVENTS},
@@ -1410,7 +1412,8 @@ def test_full_mode_bundle(binary: str, scratch: Path, results: Results) -> None:
     data = scratch / "full-mode"
     data.mkdir(parents=True)
     (data / "countersign.toml").write_text(
-        '[evidence]\nraw_payload_export = true\n\n[review]\nenabled = true\nreviewer_id = "auditor@example.com"\n'
+        '[evidence]\nraw_payload_export = true\n\n[review]\nreviewer = "token:full-approver"\nreviewer_id = "auditor@example.com"\n'
+        '\n[notify]\nallowed_recipients = ["slack:#ops"]\n'
         '\n[log]\norigin = "example.com/countersign-test"\n'
     )
     agent = create_token(binary, data, "agent", "full-agent")

@@ -35,26 +35,28 @@ use smtp::SmtpUrl;
 pub use outbox::Notifier;
 pub use plan::plan;
 
-/// Who a request goes to: the configured routes, always, and the recipients it names
-/// (which `request_approval` accepted only if they are known approvers): a request can
-/// add people to tell, never keep the configured ones from being told.
+/// Who a request goes to, in two groups: the recipients it names (which
+/// `request_approval` accepted only if they are known approvers), and the configured
+/// routes, always. Each group is routed on its own (Slack first, email as its
+/// fallback), so a request can add people to tell but never keep the configured ones
+/// from being told. Naming a configured route changes nothing.
 pub fn plan_routes(
     config: &NotifyConfig,
     request: &countersign_core::ApprovalRequest,
-) -> Vec<Route> {
-    let mut routes = Vec::new();
-    if let Some(slack) = &request.recipient_slack {
-        routes.push(Route::Slack(slack.clone()));
-    }
-    if let Some(email) = &request.recipient_email {
-        routes.push(Route::Email(email.clone()));
-    }
-    for route in &config.default_routes {
-        if !routes.iter().any(|r| r.same_target(route)) {
-            routes.push(route.clone());
-        }
-    }
-    routes
+) -> Vec<Vec<Route>> {
+    let configured = &config.default_routes;
+    let named: Vec<Route> = [
+        request.recipient_slack.clone().map(Route::Slack),
+        request.recipient_email.clone().map(Route::Email),
+    ]
+    .into_iter()
+    .flatten()
+    .filter(|route| !configured.iter().any(|r| r.same_target(route)))
+    .collect();
+    [named, configured.clone()]
+        .into_iter()
+        .filter(|group| !group.is_empty())
+        .collect()
 }
 
 /// Where a notification goes.

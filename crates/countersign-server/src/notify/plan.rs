@@ -94,27 +94,66 @@ fn supported(config: &NotifyConfig, route: &Route) -> bool {
     }
 }
 
-/// Where a request's notifications go: Slack first; email instead of a Slack user who
-/// is not an approver, and as the fallback if Slack delivery fails for good.
+/// Where a request's notifications go. The recipients the request names and the
+/// configured routes are two groups, each routed on its own, so that one never takes
+/// the other's place: in each, Slack first; email instead of a Slack user who is not an
+/// approver, and as the fallback if the group's Slack delivery fails for good.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub(crate) struct Routing {
     pub primary: Vec<Route>,
-    /// Emailed if a Slack message fails for good.
-    pub fallback: Vec<Route>,
+    /// Per group: its emails, sent if one of its Slack messages fails for good.
+    pub fallback: Vec<Fallback>,
     /// Routes not used, and why (shown in the delivery history).
     pub skipped: Vec<(Route, String)>,
 }
 
+/// The emails that back up a group's Slack messages.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(crate) struct Fallback {
+    pub slack: Vec<Route>,
+    pub emails: Vec<Route>,
+}
+
+impl Routing {
+    /// The emails to send when the Slack message to `to` failed for good.
+    pub fn fallback_for(&self, to: &str) -> Vec<Route> {
+        self.fallback
+            .iter()
+            .filter(|f| {
+                f.slack
+                    .iter()
+                    .any(|r| matches!(r, Route::Slack(s) if s == to))
+            })
+            .flat_map(|f| f.emails.iter().cloned())
+            .collect()
+    }
+}
+
 pub(crate) fn routing(config: &NotifyConfig, request: &ApprovalRequest) -> Routing {
     let mut out = Routing::default();
-    let routes = super::plan_routes(config, request);
+    for group in super::plan_routes(config, request) {
+        let routed = route_group(config, &group);
+        for route in routed.primary {
+            if !out.primary.iter().any(|r| r.same_target(&route)) {
+                out.primary.push(route);
+            }
+        }
+        out.fallback.extend(routed.fallback);
+        out.skipped.extend(routed.skipped);
+    }
+    out
+}
+
+/// One group's routing: Slack first, its emails as the fallback.
+fn route_group(config: &NotifyConfig, routes: &[Route]) -> Routing {
+    let mut out = Routing::default();
     let emails: Vec<Route> = routes
         .iter()
         .filter(|r| matches!(r, Route::Email(_)) && supported(config, r))
         .cloned()
         .collect();
     let mut slacks = Vec::new();
-    for route in &routes {
+    for route in routes {
         match route {
             Route::Slack(to) if !supported(config, route) => out.skipped.push((
                 route.clone(),
@@ -151,8 +190,11 @@ pub(crate) fn routing(config: &NotifyConfig, request: &ApprovalRequest) -> Routi
     if slacks.is_empty() {
         out.primary = emails;
     } else {
+        out.fallback.push(Fallback {
+            slack: slacks.clone(),
+            emails,
+        });
         out.primary = slacks;
-        out.fallback = emails;
     }
     out
 }
@@ -279,7 +321,7 @@ pub(crate) async fn fallback(
     failed: &Delivery,
     now: Timestamp,
 ) -> Result<Vec<Delivery>, GateError> {
-    let DeliveryChannel::Slack { reminder, .. } = &failed.channel else {
+    let DeliveryChannel::Slack { to, reminder } = &failed.channel else {
         return Ok(Vec::new());
     };
     let Some(id) = &failed.subject else {
@@ -292,7 +334,7 @@ pub(crate) async fn fallback(
         return Ok(Vec::new());
     }
     let mut out = Vec::new();
-    for route in routing(config, &request).fallback {
+    for route in routing(config, &request).fallback_for(to) {
         let (channel, target) = channel_of(&route, *reminder);
         let mut d = delivery(
             gate,
@@ -357,4 +399,99 @@ pub async fn reminders(
         }
     }
     Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use countersign_core::{ApprovalRequest, Limits, NewRequest, Principal, Role, Timestamp};
+
+    use super::*;
+    use crate::notify::EmailConfig;
+    use crate::notify::slack::SlackConfig;
+    use crate::notify::smtp::SmtpUrl;
+
+    fn config() -> NotifyConfig {
+        NotifyConfig {
+            slack: Some(SlackConfig {
+                bot_token: "xoxb-test".into(),
+                signing_secret: "secret".into(),
+                api_base_url: "http://127.0.0.1:9/api".into(),
+                approvers: BTreeMap::from([
+                    ("U0ALICE".to_string(), "alice".to_string()),
+                    ("U0BOB".to_string(), "bob".to_string()),
+                ]),
+            }),
+            email: Some(EmailConfig {
+                smtp: SmtpUrl::parse("smtp://127.0.0.1:9").unwrap(),
+                from: "countersign <approvals@example.com>".into(),
+                username: None,
+                password: None,
+                extra_roots: None,
+                approvers: BTreeMap::new(),
+                token_decisions: false,
+                token_minutes: 30,
+                follow_ups: true,
+            }),
+            default_routes: vec![
+                Route::Slack("U0ALICE".into()),
+                Route::Email("alice@example.com".into()),
+            ],
+            ..NotifyConfig::default()
+        }
+    }
+
+    fn request(slack: Option<&str>, email: Option<&str>) -> ApprovalRequest {
+        let new = NewRequest {
+            description: "Rotate the key".into(),
+            recipient_slack: slack.map(str::to_string),
+            recipient_email: email.map(str::to_string),
+            ..NewRequest::default()
+        };
+        let agent = Principal::from_token("bot", Role::Agent);
+        let now = Timestamp::parse("2026-11-29T12:00:00Z").unwrap();
+        ApprovalRequest::create("req_1".into(), new, &agent, now, &Limits::default())
+            .unwrap()
+            .request
+    }
+
+    #[test]
+    fn named_recipients_are_told_besides_the_configured_routes_never_instead() {
+        let config = config();
+        let routed = routing(&config, &request(Some("U0BOB"), Some("bob@example.com")));
+        assert_eq!(
+            routed.primary,
+            [Route::Slack("U0BOB".into()), Route::Slack("U0ALICE".into())]
+        );
+        // Each group's email backs up its own Slack message only.
+        assert_eq!(
+            routed.fallback_for("U0BOB"),
+            [Route::Email("bob@example.com".into())]
+        );
+        assert_eq!(
+            routed.fallback_for("U0ALICE"),
+            [Route::Email("alice@example.com".into())]
+        );
+
+        // An email named beside a configured Slack route is sent, not held back as a
+        // fallback.
+        let routed = routing(&config, &request(None, Some("bob@example.com")));
+        assert_eq!(
+            routed.primary,
+            [
+                Route::Email("bob@example.com".into()),
+                Route::Slack("U0ALICE".into())
+            ]
+        );
+
+        // Naming a configured route changes nothing; naming nobody, the configured ones.
+        let plain = routing(&config, &request(None, None));
+        assert_eq!(routing(&config, &request(Some("U0ALICE"), None)), plain);
+        assert_eq!(
+            routing(&config, &request(None, Some("Alice@Example.com"))),
+            plain
+        );
+        assert_eq!(plain.primary, [Route::Slack("U0ALICE".into())]);
+    }
 }

@@ -319,4 +319,32 @@ mod tests {
             assert_eq!(err.to_string(), message);
         }
     }
+
+    #[test]
+    fn requests_may_name_mapped_approvers_listed_recipients_and_the_routes() {
+        use countersign_server::notify::Route;
+        let file = ConfigFile::new();
+        let c = file
+            .resolve(
+                "[notify]\ndefault_routes = [\"email:ops@example.com\"]\nallowed_recipients = [\"slack:#approvals\", \"email:Finance@Example.com\"]\n[email]\nsmtp_url = \"smtp://127.0.0.1:2525\"\nfrom = \"countersign <approvals@example.com>\"\n[email.approvers]\n\"alice@example.com\" = \"alice\"\n",
+            )
+            .unwrap();
+        assert_eq!(
+            c.notify.allowed_recipients,
+            [
+                Route::Slack("#approvals".into()),
+                Route::Email("Finance@Example.com".into())
+            ]
+        );
+        let known = c.notify.recipients();
+        assert_eq!(known.email["alice@example.com"].as_deref(), Some("alice"));
+        assert_eq!(known.email["finance@example.com"], None);
+        assert_eq!(known.email["ops@example.com"], None);
+        assert_eq!(known.slack["#approvals"], None);
+        assert!(!known.email.contains_key("mallory@evil.example"));
+        let err = file
+            .resolve("[notify]\nallowed_recipients = [\"mallory@evil.example\"]\n")
+            .unwrap_err();
+        assert!(err.to_string().contains("email:<address>"), "{err}");
+    }
 }

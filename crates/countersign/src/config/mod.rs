@@ -479,4 +479,61 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("not an IP:port"));
     }
+
+    #[test]
+    fn the_reviewer_is_a_principal_and_the_old_label_keeps_working() {
+        use testing::ConfigFile;
+        let file = ConfigFile::new();
+        // A config from before `reviewer`: it still loads, with reviews off and a warning.
+        let old = file
+            .resolve("[review]\nenabled = true\nreviewer_id = \"audit-team\"\nreviewer_name = \"Audit team\"\n")
+            .unwrap();
+        assert_eq!(old.reviewer, None);
+        assert_eq!(old.warnings.len(), 1);
+        assert!(
+            old.warnings[0].contains("[review] reviewer ="),
+            "{:?}",
+            old.warnings
+        );
+
+        // Naming the reviewer turns reviews on; the label is still what reviews show.
+        let upgraded = file
+            .resolve("[review]\nreviewer = \"token:audit-bot\"\nreviewer_id = \"audit-team\"\nreviewer_name = \"Audit team\"\n")
+            .unwrap();
+        let reviewer = upgraded.reviewer.unwrap();
+        assert_eq!(reviewer.principal, "token:audit-bot");
+        let label = reviewer.label.unwrap();
+        assert_eq!(
+            (label.id.as_str(), label.display_name.as_str()),
+            ("audit-team", "Audit team")
+        );
+        assert!(
+            upgraded.warnings[0].contains("reviewer_id"),
+            "{:?}",
+            upgraded.warnings
+        );
+
+        let plain = file
+            .resolve("[review]\nreviewer = \"user:rita\"\n")
+            .unwrap();
+        assert_eq!(plain.reviewer.unwrap().label, None);
+        assert!(plain.warnings.is_empty());
+        let off = file
+            .resolve("[review]\nenabled = false\nreviewer = \"user:rita\"\n")
+            .unwrap();
+        assert_eq!(off.reviewer, None);
+
+        for (toml, says) in [
+            ("[review]\nreviewer = \"audit-bot\"\n", "\"token:<name>\""),
+            (
+                "[review]\nreviewer = \"group:audit\"\n",
+                "\"user:<username>\"",
+            ),
+            ("[review]\nenabled = true\n", "needs reviewer"),
+            ("[review]\nreviewer_name = \"Audit\"\n", "needs reviewer_id"),
+        ] {
+            let err = file.resolve(toml).unwrap_err();
+            assert!(err.to_string().contains(says), "{toml}: {err}");
+        }
+    }
 }

@@ -314,8 +314,8 @@ struct Setup {
     admin: String,
 }
 
-/// A data directory with `config`, an agent, an approver token, an admin token and the
-/// dashboard account `alice` (Alice Approver) with [`PASSWORD`]; then `serve`.
+/// A data directory with `config`, an agent, an approver token and an admin token; then
+/// `serve`, and the dashboard account `alice` (Alice Approver) with [`PASSWORD`].
 async fn start(config: &str) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
@@ -324,17 +324,33 @@ async fn start(config: &str) -> Setup {
     let agent = common::create_token(&data, "agent", "deploy-bot").await;
     let approver_token = common::create_token(&data, "approver", "ops-bot").await;
     let admin = common::create_token(&data, "admin", "root").await;
+    let server = Server::start(&data);
+    let setup = Setup {
+        _dir: dir,
+        data,
+        server,
+        agent,
+        approver_token,
+        admin,
+    };
+    add_approver(&setup, "alice", "Alice Approver").await;
+    setup
+}
+
+/// A dashboard account that may decide, invited with `countersign user add` and active
+/// (its invitation accepted with [`PASSWORD`]).
+async fn add_approver(s: &Setup, username: &str, display_name: &str) {
     let link = common::run_ok(
-        &data,
+        &s.data,
         &[
             "user",
             "add",
             "--username",
-            "alice",
+            username,
             "--role",
             "approver",
             "--display-name",
-            "Alice Approver",
+            display_name,
         ],
     )
     .await;
@@ -343,8 +359,8 @@ async fn start(config: &str) -> Setup {
         .split_once("token=")
         .map(|(_, t)| t.to_string())
         .expect("an invitation link");
-    let server = Server::start(&data);
-    let (status, body) = server
+    let (status, body) = s
+        .server
         .post(
             "/ui/accept",
             None,
@@ -352,19 +368,13 @@ async fn start(config: &str) -> Setup {
         )
         .await;
     assert_eq!(status, StatusCode::OK, "accept the invitation: {body}");
-    Setup {
-        _dir: dir,
-        data,
-        server,
-        agent,
-        approver_token,
-        admin,
-    }
 }
 
+/// Slack with Alice as its approver, and the team channels (and a Slack user who is not
+/// an approver) that requests here may name as recipients.
 fn slack_section(fake: &FakeSlack) -> String {
     format!(
-        "[slack]\nbot_token = \"{BOT_TOKEN}\"\nsigning_secret = \"{SIGNING_SECRET}\"\napi_base_url = \"{}/api\"\n[slack.approvers]\n{ALICE_SLACK} = \"alice\"\n",
+        "[slack]\nbot_token = \"{BOT_TOKEN}\"\nsigning_secret = \"{SIGNING_SECRET}\"\napi_base_url = \"{}/api\"\n[slack.approvers]\n{ALICE_SLACK} = \"alice\"\n[notify]\nallowed_recipients = [\"slack:C0APPROVE\", \"slack:C0GONE\", \"slack:U0NOBODY1\"]\n",
         fake.base
     )
 }
@@ -1000,6 +1010,140 @@ async fn slack_that_cannot_deliver_falls_back_to_email() {
             .calls("chat.postMessage")
             .iter()
             .any(|c| c["channel"] == "U0NOBODY1")
+    );
+}
+
+// ---- who is told ----------------------------------------------------------------------------
+
+/// An agent chooses who is told only among the known approvers: an outside address or
+/// Slack user is refused before anything exists or is sent (no open relay from the
+/// server's From), and naming another known approver adds them but never keeps the
+/// configured approvers from being told, by email or on Slack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_name_only_known_approvers_and_the_configured_ones_are_always_told() {
+    const BOB_SLACK: &str = "U0BOB0001";
+    let smtp = match SmtpSink::start().await {
+        Ok(s) => s,
+        Err(reason) => return skip("recipients", &reason),
+    };
+    let fake = FakeSlack::start().await;
+    // Alice and Bob are approvers on both channels; carol@ is mapped to an account
+    // that does not exist. The configured route is `route`.
+    let config = |route: &str| {
+        format!(
+            "[slack]\nbot_token = \"{BOT_TOKEN}\"\nsigning_secret = \"{SIGNING_SECRET}\"\napi_base_url = \"{}/api\"\n[slack.approvers]\n{ALICE_SLACK} = \"alice\"\n{BOB_SLACK} = \"bob\"\n[email]\nsmtp_url = \"smtp://127.0.0.1:{}\"\nfrom = \"countersign <approvals@example.com>\"\n[email.approvers]\n\"alice@example.com\" = \"alice\"\n\"bob@example.com\" = \"bob\"\n\"carol@example.com\" = \"carol\"\n[notify]\ndefault_routes = [\"{route}\"]\n",
+            fake.base, smtp.port
+        )
+    };
+    let emailed = |to: &'static str, id: String| {
+        let smtp = &smtp;
+        async move {
+            smtp.wait_for(|m| {
+                m["rcpt_tos"][0]
+                    .as_str()
+                    .is_some_and(|r| r.eq_ignore_ascii_case(to))
+                    && m["text"].as_str().unwrap_or("").contains(&id)
+            })
+            .await
+        }
+    };
+    let posted = |to: &'static str, id: String| {
+        let fake = &fake;
+        async move {
+            fake.wait_for("chat.postMessage", |c| {
+                c["channel"] == to && c.to_string().contains(&id)
+            })
+            .await
+        }
+    };
+
+    // The configured route is Alice's email.
+    let s = start(&config("email:alice@example.com")).await;
+    add_approver(&s, "bob", "Bob Approver").await;
+    for (field, to) in [
+        ("recipient_email", "mallory@evil.example"),
+        ("recipient_slack", MALLORY_SLACK),
+        ("recipient_email", "carol@example.com"),
+    ] {
+        let mut ask =
+            json!({"action_description": "Your account is locked: sign in at http://evil.example"});
+        ask[field] = json!(to);
+        let (status, body) = s
+            .server
+            .post("/api/v1/requests", Some(&s.agent), &ask)
+            .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{to}: {body}");
+        assert_eq!(body["error"]["code"], "invalid_input");
+        let message = body["error"]["message"].as_str().unwrap();
+        assert!(
+            message.contains(field) && message.contains("not a known approver"),
+            "{message}"
+        );
+    }
+    // Bob named by email: both emailed. Bob named on Slack: his Slack message, and
+    // Alice still gets her email.
+    let by_email = s
+        .server
+        .create_request(
+            &s.agent,
+            &json!({"action_description": "Rotate the payment provider's API key", "recipient_email": "Bob@Example.com"}),
+        )
+        .await;
+    emailed("alice@example.com", by_email.clone()).await;
+    emailed("bob@example.com", by_email).await;
+    let on_slack = s
+        .server
+        .create_request(
+            &s.agent,
+            &json!({"action_description": "Drop the staging database", "recipient_slack": BOB_SLACK}),
+        )
+        .await;
+    posted(BOB_SLACK, on_slack.clone()).await;
+    emailed("alice@example.com", on_slack).await;
+    // Every event before this one has been planned and sent by now: the strangers got
+    // nothing.
+    let last = s
+        .server
+        .create_request(
+            &s.agent,
+            &json!({"action_description": "Restart the queue"}),
+        )
+        .await;
+    emailed("alice@example.com", last).await;
+    let mails = smtp.messages();
+    assert!(
+        mails
+            .iter()
+            .all(|m| !m.to_string().to_lowercase().contains("mallory")),
+        "{mails:#?}"
+    );
+    assert!(
+        !fake
+            .calls("chat.postMessage")
+            .iter()
+            .any(|c| c["channel"] == MALLORY_SLACK)
+    );
+    drop(s);
+
+    // The configured route is Alice on Slack: Bob named by email is emailed, and Alice
+    // still gets her Slack message (his email is no fallback of hers, nor hers of his).
+    let s = start(&config(&format!("slack:{ALICE_SLACK}"))).await;
+    add_approver(&s, "bob", "Bob Approver").await;
+    let id = s
+        .server
+        .create_request(
+            &s.agent,
+            &json!({"action_description": "Refund order 2291", "recipient_email": "bob@example.com"}),
+        )
+        .await;
+    posted(ALICE_SLACK, id.clone()).await;
+    emailed("bob@example.com", id.clone()).await;
+    assert!(
+        !deliveries(&s)
+            .await
+            .iter()
+            .any(|d| d["channel"] == "email alice@example.com" && d["subject"] == id.as_str()),
+        "Alice is told on Slack, as configured"
     );
 }
 
