@@ -221,6 +221,134 @@ async fn tokens_print_once_are_stored_hashed_and_revoke() {
     );
 }
 
+/// `token create --expires` and `--scopes`, shown by `token list`; names unique forever;
+/// an agent named like a person refused; doctor on the reviewer and the old label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_expire_carry_scopes_and_keep_their_names() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("d");
+    let out = run(
+        &data,
+        &[
+            "token",
+            "create",
+            "--role",
+            "executor",
+            "--name",
+            "payments",
+            "--scopes",
+            "redeem",
+            "--expires",
+            "30d",
+        ],
+    )
+    .await;
+    assert!(out.ok(), "{out}");
+    assert!(
+        out.stderr.contains("scopes redeem") && out.stderr.contains("expires 20"),
+        "{out}"
+    );
+    create_token(&data, "approver", "alice").await;
+
+    for (args, says) in [
+        (
+            vec!["--role", "agent", "--name", "Payments"],
+            "never reused",
+        ),
+        (
+            vec!["--role", "agent", "--name", "ALICE"],
+            "how a person here is known",
+        ),
+        (
+            vec!["--role", "agent", "--name", "ops@example.com"],
+            "email address",
+        ),
+        (
+            vec!["--role", "agent", "--name", "x", "--expires", "0d"],
+            "not in the future",
+        ),
+        (
+            vec!["--role", "agent", "--name", "y", "--scopes", "decide"],
+            "agent token may have the scopes",
+        ),
+        (
+            vec!["--role", "agent", "--name", "z", "--scopes", "everything"],
+            "unknown scope",
+        ),
+    ] {
+        let mut argv = vec!["token", "create"];
+        argv.extend(args);
+        let out = run(&data, &argv).await;
+        assert_ne!(out.code, 0, "{argv:?}: {out}");
+        assert!(out.stdout.is_empty(), "no token printed: {out}");
+        assert!(out.stderr.contains(says), "{argv:?}: {out}");
+    }
+
+    let list = run_ok(&data, &["token", "list"]).await;
+    let row = list.lines().find(|l| l.contains("payments")).unwrap();
+    assert!(
+        row.contains("executor") && row.contains("redeem") && row.contains("active"),
+        "{list}"
+    );
+    assert!(!row.contains("never"), "it expires: {list}");
+    let alice = list.lines().find(|l| l.contains("alice")).unwrap();
+    assert!(
+        alice.contains("never") && alice.contains("all (request,"),
+        "{list}"
+    );
+    let rows: Value =
+        serde_json::from_str(&run_ok(&data, &["token", "list", "--json"]).await).unwrap();
+    let payments = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["name"] == "payments")
+        .unwrap();
+    assert_eq!(payments["scopes"], json!(["redeem"]));
+    assert_eq!(payments["scoped"], true);
+    assert!(payments["expires_at"].is_string(), "{payments}");
+    assert_eq!(payments["status"], "active");
+
+    // Revoked, the name stays taken.
+    run_ok(&data, &["token", "revoke", "payments"]).await;
+    let out = run(
+        &data,
+        &[
+            "token", "create", "--role", "executor", "--name", "payments",
+        ],
+    )
+    .await;
+    assert_ne!(out.code, 0, "{out}");
+    assert!(out.stderr.contains("revoked at"), "{out}");
+
+    // The old [review] label alone: a warning, and reviews are off.
+    std::fs::write(
+        data.join("countersign.toml"),
+        "[review]\nenabled = true\nreviewer_id = \"audit-team\"\n",
+    )
+    .unwrap();
+    let out = run(&data, &["doctor", "--listen", "127.0.0.1:0"]).await;
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l.starts_with("warn") && l.contains("[review] reviewer =")),
+        "{out}"
+    );
+    // A reviewer that no token is.
+    std::fs::write(
+        data.join("countersign.toml"),
+        "[review]\nreviewer = \"token:auditor\"\n",
+    )
+    .unwrap();
+    let out = run(&data, &["doctor", "--listen", "127.0.0.1:0"]).await;
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l.starts_with("warn") && l.contains("no active token")),
+        "{out}"
+    );
+}
+
 // 3. stdio MCP ------------------------------------------------------------------------
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
