@@ -190,6 +190,12 @@ impl Gate {
         let now = self.now();
         let transition =
             ApprovalRequest::create(new_id("req", now)?, new, who, now, self.limits())?;
+        if transition.request.room.is_some() && !who.may(countersign_core::Scope::Rooms) {
+            return Err(GateError::Forbidden(format!(
+                "{} may not post in rooms (it lacks the rooms scope): ask without room",
+                who.id
+            )));
+        }
         self.check_recipients(&transition.request).await?;
         match self
             .store

@@ -231,6 +231,17 @@ async fn a_narrowed_token_reaches_only_its_scopes_on_rest_and_mcp() {
     let id = server
         .create(&asker, json!({"action_description": "Restart nginx"}))
         .await;
+    let (status, body) = server
+        .post(
+            "/api/v1/requests",
+            &asker,
+            json!({"action_description": "Restart nginx", "room": "ops"}),
+        )
+        .await;
+    assert_eq!(
+        status, 403,
+        "a request shown in a room needs the rooms scope: {body}"
+    );
     let (status, body) = server.get("/api/v1/rooms", &asker).await;
     assert_eq!(status, 403, "{body}");
     assert!(
