@@ -671,8 +671,7 @@ fn several_processes_share_one_file() {
 }
 
 /// A database of schema version 1 (before token expiry, scopes and unique names): its
-/// tokens keep working with no expiry and their role's scopes, two that shared a name
-/// both survive, and no new token may take that name.
+/// tokens keep working, and their names stay taken.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_of_schema_1_keep_working_and_their_names_stay_taken() {
     let dir = tempfile::tempdir().unwrap();
@@ -682,41 +681,13 @@ async fn tokens_of_schema_1_keep_working_and_their_names_stay_taken() {
     raw.execute_batch(include_str!("../migrations/0001_initial.sql"))
         .unwrap();
     raw.pragma_update(None, "user_version", 1).unwrap();
-    raw.execute_batch(
-        "INSERT INTO tokens (id, hash, name, role, created_at, revoked_at) VALUES
-            ('tok_old', 'hash-old', 'bot', 'agent', 1000, NULL),
-            ('tok_twin', 'hash-twin', 'Bot', 'approver', 2000, NULL),
-            ('tok_gone', 'hash-gone', 'retired', 'agent', 3000, 4000)",
-    )
-    .unwrap();
+    raw.execute_batch(countersign_store::testsuite::SCHEMA_1_TOKENS)
+        .unwrap();
     drop(raw);
-
     let store = SqliteStore::open(&path).unwrap();
     assert_eq!(
         store.pragmas().await.unwrap().schema_version,
         SCHEMA_VERSION
     );
-    let tokens = store.list_tokens().await.unwrap();
-    let ids: Vec<&str> = tokens.iter().map(|t| t.id.as_str()).collect();
-    assert_eq!(ids, ["tok_old", "tok_twin", "tok_gone"]);
-    assert!(
-        tokens
-            .iter()
-            .all(|t| t.expires_at.is_none() && t.scopes.is_none())
-    );
-    let twin = store.token_by_hash("hash-twin").await.unwrap().unwrap();
-    assert_eq!(
-        twin.principal().scopes,
-        countersign_core::Role::Approver.scopes()
-    );
-    for (name, holder) in [("BOT", "tok_old"), ("Retired", "tok_gone")] {
-        let (new, event) = token("tok_new", name, "hash-new", 5);
-        let err = store.create_token(&new, &event).await.unwrap_err();
-        assert!(
-            matches!(&err, StoreError::Duplicate(m) if m.contains(holder)),
-            "{err}"
-        );
-    }
-    let (fresh, event) = token("tok_new", "fresh", "hash-new", 5);
-    store.create_token(&fresh, &event).await.unwrap();
+    countersign_store::testsuite::tokens_of_schema_1_keep_working(Arc::new(store)).await;
 }

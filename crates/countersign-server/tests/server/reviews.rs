@@ -9,7 +9,7 @@ use countersign_server::gate::ReviewerSettings;
 use countersign_server::{HttpConfig, Settings};
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, err, ok, start, start_full};
+use crate::support::{TestServer, accept, err, ok, start, start_full};
 
 async fn with_reviewer(principal: &str, label: Option<Reviewer>) -> TestServer {
     let settings = Settings {
@@ -189,25 +189,11 @@ async fn a_dashboard_account_can_be_the_reviewer() {
         .invite("rita", Some("Rita Reviewer"), Role::Approver, &setup, 600)
         .await
         .unwrap();
-    let browser = reqwest::Client::builder()
-        .cookie_store(true)
-        .build()
-        .unwrap();
-    let resp = browser
-        .post(server.url("/ui/accept"))
-        .json(&json!({"token": invite, "password": "correct horse battery"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let me: Value = browser
-        .get(server.url("/ui/api/me"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (browser, me) = accept(
+        &server,
+        json!({"token": invite, "password": "correct horse battery"}),
+    )
+    .await;
     let csrf = me["csrf_token"].as_str().unwrap().to_string();
     let id = decided(&server).await;
     let post = |csrf: &str| {

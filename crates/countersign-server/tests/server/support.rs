@@ -185,6 +185,37 @@ impl TestServer {
     }
 }
 
+/// A browser-like client with a cookie jar.
+pub fn browser() -> reqwest::Client {
+    reqwest::Client::builder()
+        .cookie_store(true)
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap()
+}
+
+/// Accepts a setup or invitation link with `body` in a new browser; returns it, signed
+/// in, and its `/ui/api/me` (the account and the page's `csrf_token`).
+pub async fn accept(server: &TestServer, body: Value) -> (reqwest::Client, Value) {
+    let client = browser();
+    let resp = client
+        .post(server.url("/ui/accept"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
+    let me: Value = client
+        .get(server.url("/ui/api/me"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    (client, me)
+}
+
 /// An MCP client that counts the progress notifications it receives.
 #[derive(Clone, Default)]
 pub struct CountingClient {

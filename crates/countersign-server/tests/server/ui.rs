@@ -5,35 +5,15 @@ use std::time::Duration;
 use countersign_core::{Principal, Role};
 use serde_json::{Value, json};
 
-use crate::support::{TestServer, start};
-
-/// A browser-like client with a cookie jar.
-fn browser() -> reqwest::Client {
-    reqwest::Client::builder()
-        .cookie_store(true)
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .unwrap()
-}
+use crate::support::{TestServer, accept, browser, start};
 
 async fn setup_admin(server: &TestServer) -> (reqwest::Client, String) {
     let token = server.gate.accounts().setup_token(600).await.unwrap();
-    let client = browser();
-    let resp = client
-        .post(server.url("/ui/accept"))
-        .json(&json!({"token": token, "username": "Admin", "display_name": "Ada Admin", "password": "correct horse battery"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200, "{}", resp.text().await.unwrap());
-    let me: Value = client
-        .get(server.url("/ui/api/me"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (client, me) = accept(
+        server,
+        json!({"token": token, "username": "Admin", "display_name": "Ada Admin", "password": "correct horse battery"}),
+    )
+    .await;
     assert_eq!(me["user"]["username"], "admin");
     assert_eq!(me["user"]["role"], "admin");
     (client, me["csrf_token"].as_str().unwrap().to_string())
@@ -326,22 +306,11 @@ async fn admins_invite_approvers_who_then_decide() {
     let invite: Value = resp.json().await.unwrap();
     let link = invite["link"].as_str().unwrap();
     let token = link.split("token=").nth(1).unwrap();
-    let bea = browser();
-    let resp = bea
-        .post(server.url("/ui/accept"))
-        .json(&json!({"token": token, "password": "another long password"}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let me: Value = bea
-        .get(server.url("/ui/api/me"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let (bea, me) = accept(
+        &server,
+        json!({"token": token, "password": "another long password"}),
+    )
+    .await;
     assert_eq!(me["user"]["role"], "approver");
     assert_eq!(me["user"]["display_name"], "Bea Approver");
     // Approvers do not manage accounts.

@@ -68,7 +68,9 @@ pub use requests::{
     idempotent_create_returns_existing, list_requests_filters_and_order, request_round_trip,
 };
 pub use settings::meta_set_once_first_writer_wins;
-pub use tokens::{token_names_expiry_and_scopes, tokens};
+pub use tokens::{
+    SCHEMA_1_TOKENS, token_names_expiry_and_scopes, tokens, tokens_of_schema_1_keep_working,
+};
 
 /// Expands into one `#[tokio::test]` per suite test; see the [module docs](crate::testsuite).
 #[macro_export]

@@ -128,3 +128,37 @@ pub async fn token_names_expiry_and_scopes(store: Arc<dyn Store>) {
         "a refused token writes no event"
     );
 }
+
+/// Tokens as a database of schema version 1 held them (before expiry, scopes and unique
+/// names), two of them sharing a name: run in such a database before it is migrated.
+pub const SCHEMA_1_TOKENS: &str =
+    "INSERT INTO tokens (id, hash, name, role, created_at, revoked_at) VALUES
+        ('tok_old', 'hash-old', 'bot', 'agent', 1000, NULL),
+        ('tok_twin', 'hash-twin', 'Bot', 'approver', 2000, NULL),
+        ('tok_gone', 'hash-gone', 'retired', 'agent', 3000, 4000)";
+
+/// After the migration, on a store that held [`SCHEMA_1_TOKENS`]: every token keeps
+/// working with no expiry and its role's scopes, the two that shared a name both
+/// survive, and no new token may take a name any of them has.
+pub async fn tokens_of_schema_1_keep_working(store: Arc<dyn Store>) {
+    let tokens = store.list_tokens().await.unwrap();
+    let ids: Vec<&str> = tokens.iter().map(|t| t.id.as_str()).collect();
+    assert_eq!(ids, ["tok_old", "tok_twin", "tok_gone"]);
+    assert!(
+        tokens
+            .iter()
+            .all(|t| t.expires_at.is_none() && t.scopes.is_none())
+    );
+    let twin = store.token_by_hash("hash-twin").await.unwrap().unwrap();
+    assert_eq!(twin.principal().scopes, Role::Approver.scopes());
+    for (name, holder) in [("BOT", "tok_old"), ("Retired", "tok_gone")] {
+        let (new, event) = token("tok_new", name, "hash-new", 5);
+        let err = store.create_token(&new, &event).await.unwrap_err();
+        assert!(
+            matches!(&err, StoreError::Duplicate(m) if m.contains(holder)),
+            "{err}"
+        );
+    }
+    let (fresh, event) = token("tok_new", "fresh", "hash-new", 5);
+    store.create_token(&fresh, &event).await.unwrap();
+}
