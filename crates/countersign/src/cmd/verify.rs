@@ -76,6 +76,11 @@ pub async fn run(config: &Config, args: &VerifyArgs) -> anyhow::Result<ExitCode>
                 report.keyid.as_deref().unwrap_or("?")
             );
         }
+        if !report.bound {
+            eprintln!(
+                "warning: the action was not checked (no --action): the proof is genuine and approves the action it names, which may not be the one about to run"
+            );
+        }
     } else {
         println!("INVALID proof:");
         for reason in &report.reasons {
@@ -154,8 +159,7 @@ async fn local_use(
     let request = store.get_request(&statement.request_id).await?;
     Ok(request
         .filter(|r| r.action_digest == statement.action_digest)
-        .and_then(|r| r.action_record)
-        .map(|a| (a.recorded_at, a.tool)))
+        .and_then(|r| r.used()))
 }
 
 fn read_action(path: &Path) -> anyhow::Result<Action> {

@@ -763,9 +763,12 @@ async fn verify_checks_signature_action_key_and_decision() {
             "{out}"
         );
     }
+    let out = verify(vec![p(&request_file)]).await;
+    assert!(out.stderr.contains("the action was not checked"), "{out}");
     let out = verify(vec![p(&request_file), "--json".into()]).await;
     let report: Value = serde_json::from_str(&out.stdout).unwrap();
     assert_eq!(report["valid"], true, "{report}");
+    assert_eq!(report["bound"], false, "{report}");
     assert_eq!(report["reasons"], json!([]));
 
     // Bound to the action.
@@ -776,6 +779,7 @@ async fn verify_checks_signature_action_key_and_decision() {
     );
     let out = verify(vec![p(&request_file), "--action".into(), p(&same)]).await;
     assert_eq!(out.code, 0, "{out}");
+    assert!(!out.stderr.contains("not checked"), "{out}");
     let mut other_details = globex_action()["action_details"].clone();
     other_details["amount"] = json!("99999");
     let other = write_json(
