@@ -354,7 +354,7 @@ fn reviewer(
         }
         return Ok(None);
     };
-    check_reviewer(&principal)?;
+    let principal = check_reviewer(&principal)?;
     if let Some(label) = &label {
         warnings.push(format!(
             "[review] reviewer_id {:?} is shown as the reviewer of every review {principal} records; remove reviewer_id and reviewer_name to show {principal} itself",
@@ -364,21 +364,22 @@ fn reviewer(
     Ok(Some(ReviewerSettings { principal, label }))
 }
 
-/// A reviewer is named as a principal: `token:<name>` or `user:<username>`.
-fn check_reviewer(principal: &str) -> anyhow::Result<()> {
-    let named = match principal.split_once(':') {
-        Some(("token", name)) => countersign_core::token::validate_token_name(name).is_ok(),
-        Some(("user", name)) => {
-            !name.is_empty() && name.chars().all(|c| !c.is_whitespace() && !c.is_control())
+/// A reviewer is named as a principal: `token:<name>` or `user:<username>` (usernames
+/// are lowercase, as accounts store them).
+fn check_reviewer(principal: &str) -> anyhow::Result<String> {
+    match principal.split_once(':') {
+        Some(("token", name)) if countersign_core::token::validate_token_name(name).is_ok() => {
+            Ok(principal.to_string())
         }
-        _ => false,
-    };
-    if !named {
-        bail!(
+        Some(("user", name))
+            if !name.is_empty() && name.chars().all(|c| !c.is_whitespace() && !c.is_control()) =>
+        {
+            Ok(format!("user:{}", name.to_ascii_lowercase()))
+        }
+        _ => bail!(
             "[review] reviewer {principal:?} must name who may record reviews: \"token:<name>\" for a bearer token (countersign token list), or \"user:<username>\" for a dashboard account"
-        );
+        ),
     }
-    Ok(())
 }
 
 /// `session_hours`, by default the server's session length (a whole number of hours).
@@ -514,9 +515,11 @@ mod tests {
         );
 
         let plain = file
-            .resolve("[review]\nreviewer = \"user:rita\"\n")
+            .resolve("[review]\nreviewer = \"user:Rita\"\n")
             .unwrap();
-        assert_eq!(plain.reviewer.unwrap().label, None);
+        let reviewer = plain.reviewer.unwrap();
+        assert_eq!(reviewer.principal, "user:rita", "as accounts store it");
+        assert_eq!(reviewer.label, None);
         assert!(plain.warnings.is_empty());
         let off = file
             .resolve("[review]\nenabled = false\nreviewer = \"user:rita\"\n")
