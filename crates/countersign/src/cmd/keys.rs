@@ -19,7 +19,9 @@ pub enum KeysCommand {
     /// on it is trusted and published wherever this key is. Run it where a trusted key
     /// is held; see docs/deployment.md.
     Trust {
-        /// The key id (RFC 7638 thumbprint), as `doctor` or `log verify` names it.
+        /// The key id (RFC 7638 thumbprint), as `doctor` or `log verify` names it (it may
+        /// start with `-`).
+        #[arg(allow_hyphen_values = true)]
         kid: String,
     },
 }
