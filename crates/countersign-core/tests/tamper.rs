@@ -9,8 +9,8 @@
 //!
 //! Everything is built in memory with the core API: 60 requests from three agents, decided
 //! (approved or rejected), timed out, cancelled, used, with outcomes and reviews; two
-//! autonomous decisions; token events; a key rotation halfway through (so checkpoints and
-//! decision proofs are signed by two keys). Each event is sealed with its own salt, the
+//! autonomous decisions; token events; a key rotation halfway through, endorsed by the old
+//! key (so checkpoints and decision proofs are signed by two keys). Each event is sealed with its own salt, the
 //! tree is integrated with `merkle::CompactRange` and several checkpoints are signed.
 //!
 //! The campaign spans three categories:
@@ -29,7 +29,9 @@
 //!   directory entries) is deliberately not mutated: the manifest binds the files' names
 //!   and contents, not the container, so a bundle re-zipped by any tool carries the same
 //!   evidence and must still verify. Changing the container is not tampering with the
-//!   evidence.
+//!   evidence. Bundles are also cut short: an entry of the subject left out and the
+//!   manifest rewritten, with the old signature, as an unsigned v1 bundle, or signed again
+//!   with a key of one's own (refused by pinned keys; unpinned, reported as not pinned).
 //! - **proof**: inclusion and consistency proofs (`merkle::verify_inclusion`,
 //!   `merkle::verify_consistency`), checkpoint notes (`Checkpoint::verify`) and DSSE
 //!   decision proofs (`proof::verify`).
