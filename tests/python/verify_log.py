@@ -1405,7 +1405,7 @@ def test_evidence_bundles(ctx: Context, results: Results) -> None:
 
     def reorder(files: dict[str, bytes]) -> None:
         manifest = json.loads(files["manifest.json"])
-        order = ["manifest.json", "checkpoint.txt", "jwks.json"]
+        order = ["manifest.json", "manifest.sig", "checkpoint.txt", "jwks.json"]
         order += [f"entries/{i}.json" for i in manifest["entries"]] + [f"proofs/{i}.json" for i in manifest["entries"]]
         order += sorted(p for p in files if p.startswith("decisions/"))
         moved = {p: files.pop(p) for p in list(files)}
