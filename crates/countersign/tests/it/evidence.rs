@@ -633,3 +633,89 @@ async fn export_on(data: &Path, db: &TestDb, id: &str, to: &Path) -> Vec<u8> {
     assert!(out.ok(), "{out}");
     std::fs::read(to).unwrap()
 }
+
+/// The migration for an existing deployment of several instances with keys of their own:
+/// the keys published in the database before the upgrade are endorsed, once, by each
+/// instance that starts (here `migrate`); a key row added after that never is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_postgres_migrate_endorses_the_keys_published_before_the_upgrade_once() {
+    let Some(db) = TestDb::create().await else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let (a, b, schema) = (
+        tmp.path().join("a"),
+        tmp.path().join("b"),
+        tmp.path().join("schema"),
+    );
+    // Each instance's key, made before it ever saw this database (on a SQLite file of
+    // its own), and the schema, made where there is no key.
+    for dir in [&a, &b] {
+        run_ok(dir, &["token", "create", "--role", "agent", "--name", "x"]).await;
+    }
+    let out = on(&schema, &db, &["migrate"]).await;
+    assert!(out.ok() && !schema.join("keys").exists(), "{out}");
+    let kid = |dir: &Path| {
+        let text = std::fs::read_to_string(dir.join("keys/signing-key.json")).unwrap();
+        serde_json::from_str::<Value>(&text).unwrap()["kid"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (ka, kb) = (kid(&a), kid(&b));
+    // What the previous version did: each instance wrote its key into log_meta.
+    let client = db.client().await;
+    for dir in [&a, &b] {
+        let text = std::fs::read_to_string(dir.join("keys/signing-key.json")).unwrap();
+        let mut jwk: Value = serde_json::from_str(&text).unwrap();
+        let object = jwk.as_object_mut().unwrap();
+        object.remove("d");
+        object.remove("created_at");
+        object.insert("alg".into(), json!("EdDSA"));
+        object.insert("use".into(), json!("sig"));
+        client
+            .execute(
+                "INSERT INTO log_meta (key, value) VALUES ($1, $2)",
+                &[&format!("jwk:{}", kid(dir)), &jwk.to_string()],
+            )
+            .await
+            .unwrap();
+    }
+
+    for dir in [&a, &b] {
+        let out = on(dir, &db, &["migrate"]).await;
+        assert!(out.ok() && out.stdout.contains("2 trusted key(s)"), "{out}");
+    }
+    for (dir, other) in [(&a, &kb), (&b, &ka)] {
+        let jwks = on(dir, &db, &["keys", "export"]).await;
+        assert!(jwks.stdout.contains(other.as_str()), "{jwks}");
+        let out = on(dir, &db, &["log", "verify"]).await;
+        assert_eq!(out.code, 0, "{out}");
+    }
+    assert_eq!(
+        db.count("SELECT count(*) FROM events WHERE subject = 'keys'")
+            .await,
+        2,
+        "one endorsement per instance"
+    );
+
+    // After the upgrade, a new row is not endorsed by another migrate.
+    let intruder = Signer::from_seed([9; 32]);
+    let (key, value) = jwk_row(&intruder);
+    client
+        .execute(
+            "INSERT INTO log_meta (key, value) VALUES ($1, $2)",
+            &[&key, &value],
+        )
+        .await
+        .unwrap();
+    let out = on(&a, &db, &["migrate"]).await;
+    assert!(out.ok() && out.stdout.contains("2 trusted key(s)"), "{out}");
+    let out = on(&a, &db, &["log", "verify"]).await;
+    assert_eq!(out.code, 1, "{out}");
+    assert!(
+        out.stdout
+            .contains(&format!("key {} is published", intruder.kid())),
+        "{out}"
+    );
+}
