@@ -518,7 +518,16 @@ pub struct RecordReviewInput {
 /// The result of verifying an evidence bundle.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct BundleReportView {
+    /// Everything checks out under this server's trusted keys and the bundle is proven
+    /// complete.
     pub valid: bool,
+    /// The manifest is signed by a trusted key: the bundle holds every entry of its
+    /// subject up to its tree size (never for a v1 bundle, which is unsigned).
+    #[serde(default)]
+    pub complete: bool,
+    /// The key that signed the manifest.
+    #[serde(default)]
+    pub manifest_signed_by: Option<String>,
     /// Every problem found; empty when valid.
     pub reasons: Vec<String>,
     pub subject: Option<String>,
@@ -535,6 +544,8 @@ impl From<countersign_core::bundle::BundleReport> for BundleReportView {
     fn from(r: countersign_core::bundle::BundleReport) -> Self {
         Self {
             valid: r.valid,
+            complete: r.complete,
+            manifest_signed_by: r.manifest_signed_by,
             reasons: r.reasons,
             subject: r.subject,
             mode: r.mode.map(|m| enum_str(&m)),

@@ -102,6 +102,9 @@ impl GateBuilder {
             Keys::Dir(dir) => KeyRing::open_or_create(&dir, clock.now())
                 .map_err(|e| GateError::internal("could not load the signing key", e))?,
         };
+        // Before this process publishes its own key: which keys were published before
+        // keys were anchored (fixed once per database).
+        let legacy = super::keys::legacy_keys(&*store).await?;
         crate::keyring::publish(&*store, &keys)
             .await
             .map_err(|e| GateError::internal("could not publish the signing key", e))?;
@@ -118,7 +121,7 @@ impl GateBuilder {
             .map_err(|e| GateError::internal("could not open the transparency log", e))?;
         let log = Arc::new(log);
         let stopping = CancellationToken::new();
-        Ok(Arc::new(Gate {
+        let gate = Arc::new(Gate {
             accounts: Accounts::new(store.clone(), clock.clone(), settings.session_seconds)?,
             rooms: Rooms::new(
                 store.clone(),
@@ -134,6 +137,14 @@ impl GateBuilder {
             log,
             settings,
             stopping,
-        }))
+        });
+        match gate.anchor_existing_keys(&legacy).await {
+            Ok(endorsed) if !endorsed.is_empty() => {
+                tracing::info!(?endorsed, "endorsed the existing keys in the log");
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(%err, "could not endorse the existing keys"),
+        }
+        Ok(gate)
     }
 }

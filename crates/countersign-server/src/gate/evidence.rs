@@ -225,8 +225,10 @@ impl Gate {
         self.log.bundle(subject, mode, decisions).await
     }
 
-    /// Starts signing with a new key (the old one stays published) and logs it.
+    /// Starts signing with a new key (the old one stays published) and logs it, with the
+    /// old key's endorsement of the new one.
     pub async fn rotate_key(&self, actor: &Principal) -> Result<(String, String), GateError> {
+        let before = self.keys.signer();
         let (old, new) = self
             .keys
             .rotate(self.now())
@@ -239,6 +241,12 @@ impl Gate {
             serde_json::json!({"old_kid": old, "new_kid": new}),
         );
         self.store.append_event(&event.seal(new_salt()?)).await?;
+        let endorsement =
+            countersign_core::anchor::Endorsement::sign(&self.keys.signer().jwk(), &before)
+                .event(self.now(), Some(actor.id.clone()));
+        self.store
+            .append_event(&endorsement.seal(new_salt()?))
+            .await?;
         self.feed.poke();
         Ok((old, new))
     }

@@ -6,6 +6,7 @@
 
 mod builder;
 mod evidence;
+mod keys;
 mod recipients;
 mod tokens;
 
@@ -30,6 +31,7 @@ use crate::rooms::Rooms;
 
 pub use builder::{GateBuilder, Keys};
 pub use evidence::{Redeemed, ReviewerSettings};
+pub use keys::Trusted;
 pub use recipients::Recipients;
 pub use tokens::NewToken;
 

@@ -357,6 +357,8 @@ pub(super) async fn verify_evidence(
             tracing::error!(%err, "could not read the published keys");
             crate::views::BundleReportView {
                 valid: false,
+                complete: false,
+                manifest_signed_by: None,
                 reasons: vec![format!(
                     "the server could not read its keys: {}",
                     err.public_message()

@@ -139,11 +139,16 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
     }
 
     match KeyRing::open_existing(&config.keys_dir()) {
-        Ok(keys) => r.ok(&format!(
-            "signing key {} ({} published key(s))",
-            keys.signer().kid(),
-            keys.jwks().keys.len()
-        )),
+        Ok(keys) => {
+            r.ok(&format!(
+                "signing key {} ({} key file(s))",
+                keys.signer().kid(),
+                keys.jwks().keys.len()
+            ));
+            if let Some(store) = &store {
+                check_anchored_keys(store.as_ref(), &keys, &mut r).await;
+            }
+        }
         Err(e) => r.fail(&format!("signing key: {e}")),
     }
 
@@ -183,6 +188,28 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
 
 /// How many tokens work, tokens that share a name (made before names were unique: they
 /// act as one principal), and whether the configured reviewer is a token that works.
+/// The keys trusted here, and every key published in the database that is not (a key
+/// that exists only as a database row).
+async fn check_anchored_keys(store: &dyn Store, keys: &KeyRing, r: &mut Report) {
+    match countersign_server::keyring::published_jwks(store, keys).await {
+        Ok(jwks) => r.ok(&format!(
+            "{} trusted key(s): the key files and the keys they endorsed in the log",
+            jwks.keys.len()
+        )),
+        Err(e) => r.fail(&format!("cannot read the key endorsements: {e}")),
+    }
+    match countersign_server::keyring::untrusted_candidates(store, keys).await {
+        Ok(untrusted) => {
+            for kid in untrusted {
+                r.fail(&format!(
+                    "key {kid} is published in the database but not traceable to a key file (no endorsement in the log): it is neither trusted nor published. If it is one of your instances' keys, run `countersign keys trust {kid}` where a trusted key is held; if not, someone with write access to the database added it"
+                ));
+            }
+        }
+        Err(e) => r.fail(&format!("cannot read the published keys: {e}")),
+    }
+}
+
 fn check_tokens(config: &Config, tokens: &[countersign_core::TokenRecord], r: &mut Report) {
     let now = countersign_core::Clock::now(&countersign_core::SystemClock);
     let usable = tokens.iter().filter(|t| t.is_usable(now)).count();

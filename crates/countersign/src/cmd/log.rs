@@ -35,8 +35,13 @@ pub struct VerifyBundleArgs {
     pub file: PathBuf,
     /// Verify signatures against this JWKS (your own pinned copy of the server's keys)
     /// instead of the one inside the bundle.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "server")]
     pub jwks: Option<PathBuf>,
+    /// Verify against the keys this countersign server publishes (e.g.
+    /// http://127.0.0.1:8787). Without --jwks or --server, the keys of --data-dir (when
+    /// given) are used; with none of them, the keys are not pinned.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -89,30 +94,51 @@ fn read_jwks(path: &PathBuf) -> anyhow::Result<Jwks> {
         .with_context(|| format!("{} is not a JWKS ({{\"keys\": [...]}})", path.display()))
 }
 
-pub async fn verify_bundle(_config: &Config, args: &VerifyBundleArgs) -> anyhow::Result<ExitCode> {
+/// Verifies a bundle against pinned keys: `--jwks`, `--server`, or the keys of the
+/// data directory when one was named (`data_dir_given`). With none, only against the
+/// bundle's own jwks.json, and says so: such a bundle may have been made by anyone.
+pub async fn verify_bundle(
+    config: &Config,
+    args: &VerifyBundleArgs,
+    data_dir_given: bool,
+) -> anyhow::Result<ExitCode> {
     let zip = std::fs::read(&args.file)
         .with_context(|| format!("could not read {}", args.file.display()))?;
-    let pinned = args.jwks.as_ref().map(read_jwks).transpose()?;
+    let pinned = match (&args.jwks, &args.server) {
+        (Some(path), _) => Some(read_jwks(path)?),
+        (None, Some(server)) => Some(crate::cmd::verify::server_jwks(server).await?),
+        (None, None) if data_dir_given => Some(crate::cmd::verify::data_dir_jwks(config).await?),
+        (None, None) => None,
+    };
     let report = bundle::verify(&zip, pinned.as_ref());
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else if report.valid {
-        println!(
-            "valid: {} ({} entries: {}; {} decision proof(s)) in log {} at size {}",
+    let summary = || {
+        format!(
+            "{} ({} entries: {}; {} decision proof(s)) in log {} at size {}, complete (manifest signed by {})",
             report.subject.as_deref().unwrap_or("?"),
             report.events.len(),
             report.events.join(", "),
             report.decisions,
             report.log_origin.as_deref().unwrap_or("?"),
-            report.tree_size.unwrap_or(0)
+            report.tree_size.unwrap_or(0),
+            report.manifest_signed_by.as_deref().unwrap_or("?")
+        )
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if report.valid && !report.keys_pinned {
+        println!("keys not pinned: {}", summary());
+        println!(
+            "  the bundle only agrees with its own jwks.json, which proves nothing about who made it: give --jwks FILE, --server URL or --data-dir DIR to check it against keys you trust"
         );
+    } else if report.valid {
+        println!("valid: {}", summary());
     } else {
         println!("INVALID bundle:");
         for reason in &report.reasons {
             println!("  - {reason}");
         }
     }
-    Ok(if report.valid {
+    Ok(if report.valid && report.keys_pinned {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -171,6 +197,12 @@ async fn verify_log(config: &Config) -> anyhow::Result<ExitCode> {
     }
     let report = verifier.finish();
     problems.extend(report.problems.iter().cloned());
+    // A key only the database knows is no key of this log: name each.
+    for kid in countersign_server::keyring::untrusted_candidates(&*store, &keys).await? {
+        problems.push(format!(
+            "key {kid} is published in the database but not traceable to a key file through the log's endorsements: it is not trusted (`countersign keys trust {kid}` endorses it, if it is yours)"
+        ));
+    }
     // The stored tree (what proofs are served from) agrees with the recomputed one.
     for stored in &checkpoints {
         if stored.size > report.entries {

@@ -46,7 +46,11 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
         Command::Verify(args) => verify::run(&config, &args).await,
         Command::Keys(command) => keys::run(&config, command).await,
         Command::Evidence(args) => log::evidence(&config, &args).await,
-        Command::VerifyBundle(args) => log::verify_bundle(&config, &args).await,
+        Command::VerifyBundle(args) => {
+            let data_dir_given =
+                overrides.data_dir.is_some() || std::env::var_os("COUNTERSIGN_DATA_DIR").is_some();
+            log::verify_bundle(&config, &args, data_dir_given).await
+        }
         Command::Log(command) => log::run(&config, command).await,
         Command::Doctor(_) => doctor::run(&config).await,
         Command::SendTestEmail(args) => send_test_email::run(&config, &args).await,

@@ -12,6 +12,7 @@ mod common;
 mod browser;
 mod channels;
 mod cli;
+mod evidence;
 mod external_clients;
 mod instances;
 mod webhooks;
