@@ -132,6 +132,7 @@ impl GateBuilder {
             keys,
             clock,
             log,
+            admission: super::Admission::new(&settings),
             settings,
             stopping,
         }))

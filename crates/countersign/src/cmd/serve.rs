@@ -70,6 +70,10 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         operator_tools: config.operator_tools,
         max_body_bytes: config.max_body_bytes,
         public_url: config.public_url.clone(),
+        header_timeout: config.server.header_timeout,
+        body_timeout: config.server.body_timeout,
+        max_connections: config.server.max_connections,
+        trusted_proxies: config.server.trusted_proxies.clone(),
     };
     let app = countersign_server::router(gate.clone(), &http, shutdown.clone());
     // Slack's interactivity endpoint and the email decision page need the channels.
@@ -121,7 +125,8 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         stopping.begin_shutdown();
         signal.cancel();
     });
-    let server = countersign_server::serve(listener, app, shutdown.clone());
+    let server =
+        countersign_server::serve_with(listener, app, shutdown.clone(), http.connection_limits());
     tokio::select! {
         () = server => {}
         _ = async { shutdown.cancelled().await; tokio::time::sleep(DRAIN).await } => {

@@ -23,7 +23,7 @@ use countersign_server::{HttpConfig, Settings};
 
 pub use database::Database;
 use env::Env;
-use file::{ChannelSections, FileConfig, HttpKeys, LogSection, ReviewSection};
+use file::{ChannelSections, FileConfig, HttpKeys, LogSection, ReviewSection, ServerSection};
 
 pub use countersign_server::http::DEFAULT_LISTEN;
 pub const CONFIG_FILE_NAME: &str = "countersign.toml";
@@ -70,6 +70,18 @@ pub struct Config {
     pub keys_dir: PathBuf,
     /// Slack, email, webhooks, reminders.
     pub notify: countersign_server::notify::NotifyConfig,
+    /// `[server]`: connection timeouts and limits, trusted proxies, waits per token.
+    pub server: ServerLimits,
+}
+
+/// `[server]`, resolved: each default is the server's (`HttpConfig`, `Settings`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerLimits {
+    pub header_timeout: std::time::Duration,
+    pub body_timeout: std::time::Duration,
+    pub max_connections: usize,
+    pub trusted_proxies: countersign_server::http::client::TrustedProxies,
+    pub max_waits_per_token: usize,
 }
 
 /// Settings given on the command line (each overrides everything else).
@@ -111,6 +123,7 @@ impl Config {
             database_url,
             keys_dir,
             cli,
+            server,
             log,
             evidence,
             review,
@@ -132,6 +145,7 @@ impl Config {
             },
             listen,
         )?;
+        let server = server_limits(&env, server.unwrap_or_default())?;
         let log_origin = log_origin(log)?;
         let mut warnings = Vec::new();
         let reviewer = reviewer(review, &mut warnings)?;
@@ -152,6 +166,7 @@ impl Config {
         let notify = channels::resolve(channels, &env, &http.public_url)?;
         Ok(Self {
             notify,
+            server,
             database,
             keys_dir,
             public_url: http.public_url,
@@ -294,9 +309,49 @@ fn http(env: &Env, file: HttpKeys, listen: SocketAddr) -> anyhow::Result<HttpCon
         operator_tools,
         max_body_bytes,
         public_url: public_url.trim_end_matches('/').to_string(),
+        ..defaults
     };
     http.validate().map_err(anyhow::Error::msg)?;
     Ok(http)
+}
+
+/// `[server]`: the server's defaults, checked by its own `validate()`s.
+fn server_limits(env: &Env, section: ServerSection) -> anyhow::Result<ServerLimits> {
+    let http = HttpConfig::default();
+    let settings = Settings::default();
+    let seconds = |set: Option<u64>, default: std::time::Duration| {
+        set.map(std::time::Duration::from_secs).unwrap_or(default)
+    };
+    let proxies = env
+        .list("COUNTERSIGN_TRUSTED_PROXIES")
+        .or(section.trusted_proxies)
+        .unwrap_or_default();
+    let trusted_proxies = countersign_server::http::client::TrustedProxies::parse(&proxies)
+        .map_err(|e| anyhow::anyhow!("[server] {e}"))?;
+    let limits = ServerLimits {
+        header_timeout: seconds(section.header_timeout_seconds, http.header_timeout),
+        body_timeout: seconds(section.body_timeout_seconds, http.body_timeout),
+        max_connections: section.max_connections.unwrap_or(http.max_connections),
+        trusted_proxies,
+        max_waits_per_token: section
+            .max_waits_per_token
+            .unwrap_or(settings.max_waits_per_token),
+    };
+    HttpConfig {
+        header_timeout: limits.header_timeout,
+        body_timeout: limits.body_timeout,
+        max_connections: limits.max_connections,
+        ..http
+    }
+    .validate()
+    .map_err(|e| anyhow::anyhow!("[server] {e}"))?;
+    Settings {
+        max_waits_per_token: limits.max_waits_per_token,
+        ..settings
+    }
+    .validate()
+    .map_err(|e| anyhow::anyhow!("[server] {e}"))?;
+    Ok(limits)
 }
 
 /// `[log] origin`: it becomes the first line of every checkpoint.
