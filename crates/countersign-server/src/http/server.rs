@@ -61,6 +61,9 @@ impl Default for ConnectionLimits {
     }
 }
 
+/// How long an idle connection told to close may take to do so.
+const IDLE_GRACE: Duration = Duration::from_secs(1);
+
 /// What a client refused at the connection limit reads, if it reads at all.
 const BUSY: &[u8] = b"HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\nretry-after: 1\r\nconnection: close\r\ncontent-length: 89\r\n\r\n{\"error\":{\"code\":\"unavailable\",\"message\":\"too many open connections; retry in a moment\"}}";
 
@@ -241,6 +244,9 @@ where
 {
     tokio::pin!(connection);
     let mut closing = false;
+    // An idle connection closed gracefully that is still open a moment later (an
+    // HTTP/2 client that never finished its preface) is dropped: nothing is in flight.
+    let mut drop_at: Option<Instant> = None;
     loop {
         tokio::select! {
             served = connection.as_mut() => return served.map_err(|e| e.to_string()),
@@ -251,6 +257,13 @@ where
             _ = idle_for(open.subscribe(), idle), if !closing => {
                 connection.as_mut().graceful_shutdown();
                 closing = true;
+                drop_at = Some(Instant::now() + IDLE_GRACE);
+            }
+            _ = tokio::time::sleep_until(drop_at.unwrap_or_else(Instant::now)), if drop_at.is_some() => {
+                if *open.borrow() == 0 {
+                    return Err(format!("idle for {idle:?}; closed"));
+                }
+                drop_at = None;
             }
         }
     }

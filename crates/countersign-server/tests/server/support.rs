@@ -98,7 +98,12 @@ async fn start_inner(
             .clone()
             .run(gate.feed().clone(), shutdown.clone()),
     );
-    tokio::spawn(countersign_server::serve(listener, app, shutdown.clone()));
+    tokio::spawn(countersign_server::serve_with(
+        listener,
+        app,
+        shutdown.clone(),
+        config.connection_limits(),
+    ));
     TestServer {
         base: format!("http://{addr}"),
         gate,
