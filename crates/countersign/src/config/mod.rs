@@ -537,6 +537,72 @@ mod tests {
     }
 
     #[test]
+    fn the_server_section_sets_timeouts_limits_and_trusted_proxies() {
+        use countersign_server::http::client::TrustedProxies;
+        use std::time::Duration;
+        use testing::ConfigFile;
+        let file = ConfigFile::new();
+        let c = file.resolve("").unwrap();
+        let http = HttpConfig::default();
+        assert_eq!(c.server.header_timeout, http.header_timeout);
+        assert_eq!(c.server.header_timeout, Duration::from_secs(10));
+        assert_eq!(c.server.max_connections, http.max_connections);
+        assert!(c.server.trusted_proxies.is_empty());
+        assert_eq!(
+            c.server.max_waits_per_token,
+            Settings::default().max_waits_per_token
+        );
+
+        let c = file
+            .resolve("[server]\nheader_timeout_seconds = 5\nbody_timeout_seconds = 60\nmax_connections = 100\ntrusted_proxies = [\"10.0.0.0/8\", \"::1\"]\nmax_waits_per_token = 7\n")
+            .unwrap();
+        assert_eq!(c.server.header_timeout, Duration::from_secs(5));
+        assert_eq!(c.server.body_timeout, Duration::from_secs(60));
+        assert_eq!(c.server.max_connections, 100);
+        assert_eq!(
+            c.server.trusted_proxies,
+            TrustedProxies::parse(&["10.0.0.0/8".into(), "::1".into()]).unwrap()
+        );
+        assert_eq!(c.server.max_waits_per_token, 7);
+
+        // The variable wins over the file.
+        std::fs::write(&file.path, "[server]\ntrusted_proxies = [\"10.0.0.1\"]\n").unwrap();
+        let c = Config::resolve(
+            &file.flags,
+            &vars(&[("COUNTERSIGN_TRUSTED_PROXIES", "192.0.2.1, 192.0.2.2")]),
+        )
+        .unwrap();
+        assert_eq!(
+            c.server.trusted_proxies,
+            TrustedProxies::parse(&["192.0.2.1".into(), "192.0.2.2".into()]).unwrap()
+        );
+
+        for (toml, says) in [
+            (
+                "[server]\nheader_timeout_seconds = 0\n",
+                "header_timeout_seconds must be",
+            ),
+            (
+                "[server]\nbody_timeout_seconds = 7200\n",
+                "body_timeout_seconds must be",
+            ),
+            ("[server]\nmax_connections = 0\n", "max_connections must be"),
+            (
+                "[server]\ntrusted_proxies = [\"proxy\"]\n",
+                "\"proxy\" is not an IP address",
+            ),
+            (
+                "[server]\nmax_waits_per_token = 0\n",
+                "max_waits_per_token must be",
+            ),
+            ("[server]\nheader_timeout = 5\n", "unknown field"),
+        ] {
+            let err = format!("{:#}", file.resolve(toml).unwrap_err());
+            assert!(err.contains(says), "{toml}: {err}");
+        }
+    }
+
+    #[test]
     fn the_reviewer_is_a_principal_and_the_old_label_keeps_working() {
         use testing::ConfigFile;
         let file = ConfigFile::new();
