@@ -382,3 +382,32 @@ async fn a_token_may_hold_only_so_many_waits_at_once() {
     let (status, body) = wait(server.agent.clone()).await;
     assert_eq!(status, 200, "{body}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn healthz_shows_why_the_database_fails_only_to_an_admin() {
+    let server = start().await;
+    std::fs::remove_file(server.data_dir().join("countersign.db")).unwrap();
+    let resp = server
+        .http
+        .get(server.url("/healthz"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 503);
+    let body: Value = resp.json().await.unwrap();
+    assert_eq!(body["status"], "unavailable");
+    let public = body["error"].as_str().unwrap();
+    assert!(!public.contains("countersign.db"), "{public}");
+    assert!(public.contains("admin token"), "{public}");
+    // An agent's token sees no more than anyone.
+    let (status, body) = server.get("/healthz", &server.agent).await;
+    assert_eq!(status, 503);
+    assert_eq!(body["error"].as_str(), Some(public));
+    let (status, body) = server.get("/healthz", &server.admin).await;
+    assert_eq!(status, 503);
+    let detail = body["error"].as_str().unwrap();
+    assert!(
+        detail.contains("countersign.db") && detail.contains("gone"),
+        "{detail}"
+    );
+}

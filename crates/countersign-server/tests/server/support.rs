@@ -120,6 +120,11 @@ async fn start_inner(
 }
 
 impl TestServer {
+    /// The data directory (the SQLite file is `countersign.db` in it).
+    pub fn data_dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }
