@@ -46,6 +46,21 @@ collection!(
     SetupClaimDocs: kinds::SETUP_CLAIM => String
 );
 
+/// The id of the one setup link [`Accounts::setup_link_once`] keeps.
+const SETUP_LINK_ID: &str = "setup";
+
+/// What [`Accounts::setup_link_once`] found or made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetupLink {
+    /// A new link's token.
+    New(String),
+    /// A link printed before still works until then (its token is not stored, only
+    /// its hash, so it cannot be shown again).
+    Pending {
+        expires_at: countersign_core::Timestamp,
+    },
+}
+
 /// What every refused sign-in says (see [`Accounts::sign_in`]).
 pub const SIGN_IN_REFUSED: &str = "wrong username or password, or too many failed sign-ins (an account locks for 15 minutes after 5 in a row)";
 
@@ -206,6 +221,44 @@ impl Accounts {
     pub async fn setup_token(&self, valid_seconds: u64) -> Result<String, GateError> {
         self.new_invite(InvitePurpose::Setup, Role::Admin, None, valid_seconds)
             .await
+    }
+
+    /// The first-admin setup link `serve` prints when there is no admin yet: a new one
+    /// only if none is pending, so that restarting the server does not leave a trail of
+    /// working links behind. The link is stored under one fixed id, so two instances
+    /// starting at once mint one between them.
+    pub async fn setup_link_once(&self, valid_seconds: u64) -> Result<SetupLink, GateError> {
+        let invites = Docs::<InviteDocs>::new(&*self.store);
+        let now = self.clock.now();
+        if let Some(pending) = invites.get(SETUP_LINK_ID).await? {
+            if !pending.body.is_expired(now) {
+                return Ok(SetupLink::Pending {
+                    expires_at: pending.body.expires_at,
+                });
+            }
+            invites.delete(SETUP_LINK_ID).await?;
+        }
+        let token = random_token()?;
+        let invite = Invite {
+            purpose: InvitePurpose::Setup,
+            role: Role::Admin,
+            user_id: None,
+            expires_at: now.plus_seconds(valid_seconds),
+        };
+        match invites
+            .insert(SETUP_LINK_ID, Some(hash_token(&token)), &invite, now, None)
+            .await
+        {
+            Ok(()) => Ok(SetupLink::New(token)),
+            // Another instance minted it a moment ago.
+            Err(StoreError::Duplicate(_)) => Ok(SetupLink::Pending {
+                expires_at: invites
+                    .get(SETUP_LINK_ID)
+                    .await?
+                    .map_or(invite.expires_at, |d| d.body.expires_at),
+            }),
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// Creates an account waiting for its holder, and the one-time token that activates it.

@@ -411,3 +411,31 @@ async fn healthz_shows_why_the_database_fails_only_to_an_admin() {
         "{detail}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_without_an_admin_mints_one_setup_link_at_a_time() {
+    use countersign_server::accounts::SetupLink;
+    let server = start().await;
+    let accounts = server.gate.accounts();
+    let SetupLink::New(token) = accounts.setup_link_once(600).await.unwrap() else {
+        panic!("the first start mints a link");
+    };
+    // Restarts meanwhile mint none.
+    for _ in 0..3 {
+        assert!(matches!(
+            accounts.setup_link_once(600).await.unwrap(),
+            SetupLink::Pending { .. }
+        ));
+    }
+    let (_, me) = accept(
+        &server,
+        json!({"token": token, "username": "admin", "password": "correct horse battery"}),
+    )
+    .await;
+    assert_eq!(me["user"]["role"], "admin");
+    // Used: a later start (were there still no admin) could mint a fresh one.
+    assert!(matches!(
+        accounts.setup_link_once(600).await.unwrap(),
+        SetupLink::New(_)
+    ));
+}

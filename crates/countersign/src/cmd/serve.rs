@@ -6,6 +6,7 @@ use clap::Args;
 use std::sync::Arc;
 
 use countersign_server::HttpConfig;
+use countersign_server::accounts::SetupLink;
 use countersign_server::notify::Notifier;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -102,12 +103,16 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         );
     }
     if !gate.accounts().has_admin().await? {
-        let token = gate.accounts().setup_token(SETUP_SECONDS).await?;
-        eprintln!(
-            "no admin account yet: create it within {} minutes at {}/setup?token={token}",
-            SETUP_SECONDS / 60,
-            config.public_url
-        );
+        match gate.accounts().setup_link_once(SETUP_SECONDS).await? {
+            SetupLink::New(token) => eprintln!(
+                "no admin account yet: create it within {} minutes at {}/setup?token={token}",
+                SETUP_SECONDS / 60,
+                config.public_url
+            ),
+            SetupLink::Pending { expires_at } => eprintln!(
+                "no admin account yet: the setup link printed earlier works until {expires_at} (a new one is printed at the first start after that; or `countersign user add --username <name> --role admin` prints an invitation link)"
+            ),
+        }
     }
     if gate.list_tokens().await?.iter().all(|t| !t.is_active()) {
         eprintln!(
