@@ -45,8 +45,54 @@ pub const FORMAT_V1: &str = "countersign.evidence/v1";
 /// The DSSE payload type of `manifest.sig` (its payload: manifest.json's exact bytes).
 pub const MANIFEST_PAYLOAD_TYPE: &str = "application/vnd.countersign.evidence-manifest+json";
 const MANIFEST_SIG: &str = "manifest.sig";
-/// Refuse archives whose content would exceed this when read (zip bombs).
-const MAX_TOTAL_BYTES: u64 = 256 * 1024 * 1024;
+
+/// How much an archive may hold once read: a ZIP states its sizes itself, and a small
+/// one can expand to gigabytes (a zip bomb), so reading stops at these bounds whatever
+/// the archive claims. See docs/api.md ("Evidence") for how they were chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadLimits {
+    /// Files in the archive.
+    pub max_files: usize,
+    /// The content of any one file, in bytes.
+    pub max_file_bytes: u64,
+    /// The content of all files together, in bytes.
+    pub max_total_bytes: u64,
+}
+
+/// The largest file a real bundle has: the payload opening of a request made at the
+/// request limits (`Limits::default()`: 100 details of 16 KiB with 256-byte keys and a
+/// 4 KiB description, about 1.7 MiB), with room for JSON escaping.
+pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
+/// How many times its own size an uploaded archive may expand to. Bundles are written
+/// uncompressed (`build`), so a real one expands to at most its own size; 4 also admits
+/// a bundle re-zipped with deflate (its JSON of hashes and base64 compresses about 3
+/// times) and nothing like a bomb (a 254 KB bomb expanded a thousandfold).
+pub const UPLOAD_EXPANSION: u64 = 4;
+/// A file costs at least 76 bytes of headers in a ZIP (30 local, 46 central), so an
+/// upload of `n` bytes holds at most `n / 76` files; this caps it for any upload.
+pub const MAX_UPLOAD_FILES: usize = 50_000;
+
+impl ReadLimits {
+    /// For a bundle on an auditor's own machine (`countersign log verify-bundle`): as
+    /// large as a big room's history can make it, yet never unbounded.
+    pub const OFFLINE: ReadLimits = ReadLimits {
+        max_files: 1_000_000,
+        max_file_bytes: 16 * MAX_FILE_BYTES,
+        max_total_bytes: 256 * 1024 * 1024,
+    };
+
+    /// For a bundle of `archive_len` bytes uploaded to a server (REST
+    /// `/evidence/verify`, MCP `verify_evidence`): at most [`UPLOAD_EXPANSION`] times
+    /// its size in all, [`MAX_FILE_BYTES`] a file, [`MAX_UPLOAD_FILES`] files.
+    pub fn upload(archive_len: usize) -> ReadLimits {
+        let total = (archive_len as u64).saturating_mul(UPLOAD_EXPANSION);
+        ReadLimits {
+            max_files: MAX_UPLOAD_FILES,
+            max_file_bytes: MAX_FILE_BYTES.min(total),
+            max_total_bytes: total,
+        }
+    }
+}
 
 /// What a bundle discloses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -252,6 +298,12 @@ pub struct BundleReport {
 /// its match with a logged decision. Signatures are checked against `pinned` when given
 /// (an auditor's own copy of the keys), else against the bundle's JWKS.
 pub fn verify(zip_bytes: &[u8], pinned: Option<&Jwks>) -> BundleReport {
+    verify_within(zip_bytes, pinned, &ReadLimits::OFFLINE)
+}
+
+/// [`verify`], reading no more of the archive than `limits` allow: an archive beyond
+/// them is refused with a reason that says which bound it passed.
+pub fn verify_within(zip_bytes: &[u8], pinned: Option<&Jwks>, limits: &ReadLimits) -> BundleReport {
     let mut report = BundleReport {
         valid: false,
         complete: false,
@@ -265,7 +317,7 @@ pub fn verify(zip_bytes: &[u8], pinned: Option<&Jwks>) -> BundleReport {
         events: Vec::new(),
         decisions: 0,
     };
-    match check(zip_bytes, pinned, &mut report) {
+    match check(zip_bytes, pinned, limits, &mut report) {
         Ok(()) => {}
         Err(fatal) => report.reasons.push(fatal),
     }
@@ -273,9 +325,19 @@ pub fn verify(zip_bytes: &[u8], pinned: Option<&Jwks>) -> BundleReport {
     report
 }
 
-fn read_archive(zip_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
+fn read_archive(
+    zip_bytes: &[u8],
+    limits: &ReadLimits,
+) -> Result<BTreeMap<String, Vec<u8>>, String> {
     let mut archive = zip::ZipArchive::new(Cursor::new(zip_bytes))
         .map_err(|e| format!("not a readable ZIP archive: {e}"))?;
+    if archive.len() > limits.max_files {
+        return Err(format!(
+            "the archive has {} files; a bundle checked here may have at most {}",
+            archive.len(),
+            limits.max_files
+        ));
+    }
     let mut files = BTreeMap::new();
     let mut total = 0u64;
     for i in 0..archive.len() {
@@ -292,15 +354,39 @@ fn read_archive(zip_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
             .name()
             .map_err(|e| format!("archive entry {i} has an unreadable name: {e}"))?
             .to_string();
-        total = total.saturating_add(file.size());
-        if total > MAX_TOTAL_BYTES {
-            return Err("the archive is larger than a bundle can be".into());
+        // What the archive claims is checked first (cheap), then what reading yields,
+        // since the claim may lie.
+        let too_large = |size: u64, total: u64| {
+            if size > limits.max_file_bytes {
+                Some(format!(
+                    "{name} expands to more than {} bytes; a file of a bundle checked here may have at most that",
+                    limits.max_file_bytes
+                ))
+            } else if total > limits.max_total_bytes {
+                Some(format!(
+                    "the archive expands to more than {} bytes; a bundle checked here may hold at most that (bundles are written uncompressed)",
+                    limits.max_total_bytes
+                ))
+            } else {
+                None
+            }
+        };
+        if let Some(refusal) = too_large(file.size(), total.saturating_add(file.size())) {
+            return Err(refusal);
         }
+        let room = limits
+            .max_file_bytes
+            .min(limits.max_total_bytes.saturating_sub(total));
         let mut bytes = Vec::new();
         (&mut file)
-            .take(MAX_TOTAL_BYTES)
+            .take(room.saturating_add(1))
             .read_to_end(&mut bytes)
             .map_err(|e| format!("{name} is unreadable: {e}"))?;
+        let size = bytes.len() as u64;
+        total = total.saturating_add(size);
+        if let Some(refusal) = too_large(size, total) {
+            return Err(refusal);
+        }
         if files.insert(name.clone(), bytes).is_some() {
             return Err(format!("{name} appears twice in the archive"));
         }
@@ -308,8 +394,13 @@ fn read_archive(zip_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
     Ok(files)
 }
 
-fn check(zip_bytes: &[u8], pinned: Option<&Jwks>, report: &mut BundleReport) -> Result<(), String> {
-    let files = read_archive(zip_bytes)?;
+fn check(
+    zip_bytes: &[u8],
+    pinned: Option<&Jwks>,
+    limits: &ReadLimits,
+    report: &mut BundleReport,
+) -> Result<(), String> {
+    let files = read_archive(zip_bytes, limits)?;
     let manifest_bytes = files
         .get("manifest.json")
         .ok_or("manifest.json is missing")?;
@@ -796,7 +887,7 @@ pub(crate) mod tests {
         edit: impl Fn(&mut Vec<u8>),
         fix_manifest: bool,
     ) -> Vec<u8> {
-        let mut files = read_archive(bytes).unwrap();
+        let mut files = read_archive(bytes, &ReadLimits::OFFLINE).unwrap();
         let mut manifest: Manifest = serde_json::from_slice(&files["manifest.json"]).unwrap();
         let content = files.get_mut(path).unwrap();
         edit(content);
@@ -854,7 +945,7 @@ pub(crate) mod tests {
                 "{path} altered with a fixed manifest still verified"
             );
         }
-        let mut files = read_archive(&bytes).unwrap();
+        let mut files = read_archive(&bytes, &ReadLimits::OFFLINE).unwrap();
         files.insert("extra.txt".into(), b"hi".to_vec());
         let report = verify(&repack(&files), None);
         assert!(
@@ -862,7 +953,7 @@ pub(crate) mod tests {
             "{:?}",
             report.reasons
         );
-        let mut files = read_archive(&bytes).unwrap();
+        let mut files = read_archive(&bytes, &ReadLimits::OFFLINE).unwrap();
         files.remove("entries/2.json");
         let report = verify(&repack(&files), None);
         assert!(
@@ -878,7 +969,7 @@ pub(crate) mod tests {
     #[test]
     fn leaving_out_an_event_of_the_subject_is_detected() {
         let bytes = sample(Mode::Redacted);
-        let mut files = read_archive(&bytes).unwrap();
+        let mut files = read_archive(&bytes, &ReadLimits::OFFLINE).unwrap();
         let mut manifest: Manifest = serde_json::from_slice(&files["manifest.json"]).unwrap();
         files.remove("entries/2.json");
         files.remove("proofs/2.json");
@@ -902,7 +993,7 @@ pub(crate) mod tests {
     /// The bundle with entry `index` and its files left out, and the manifest rewritten
     /// to list what is left (its signature cannot be rewritten without the key).
     fn cut(bytes: &[u8], index: u64) -> Vec<u8> {
-        let mut files = read_archive(bytes).unwrap();
+        let mut files = read_archive(bytes, &ReadLimits::OFFLINE).unwrap();
         let mut manifest: Manifest = serde_json::from_slice(&files["manifest.json"]).unwrap();
         let mut gone = vec![
             format!("entries/{index}.json"),
@@ -943,7 +1034,7 @@ pub(crate) mod tests {
         // Signed again by another key: complete under that key only, never under the
         // pinned one.
         let other = crate::Signer::from_seed([9; 32]);
-        let mut files = read_archive(&cut(&bytes, 4)).unwrap();
+        let mut files = read_archive(&cut(&bytes, 4), &ReadLimits::OFFLINE).unwrap();
         let resigned = Envelope::sign(MANIFEST_PAYLOAD_TYPE, &files["manifest.json"], &other);
         files.insert(MANIFEST_SIG.into(), canonical(&resigned).unwrap());
         let report = verify(&repack(&files), Some(&pinned));
@@ -957,7 +1048,7 @@ pub(crate) mod tests {
             report.reasons
         );
         // Without the signature at all.
-        let mut files = read_archive(&cut(&bytes, 4)).unwrap();
+        let mut files = read_archive(&cut(&bytes, 4), &ReadLimits::OFFLINE).unwrap();
         files.remove(MANIFEST_SIG);
         let report = verify(&repack(&files), None);
         assert!(
@@ -1005,7 +1096,7 @@ pub(crate) mod tests {
     #[test]
     fn a_v1_bundle_is_read_but_not_proven_complete() {
         let bytes = sample(Mode::Redacted);
-        let mut files = read_archive(&bytes).unwrap();
+        let mut files = read_archive(&bytes, &ReadLimits::OFFLINE).unwrap();
         let mut manifest: Manifest = serde_json::from_slice(&files["manifest.json"]).unwrap();
         manifest.format = FORMAT_V1.into();
         files.remove(MANIFEST_SIG);
@@ -1018,6 +1109,83 @@ pub(crate) mod tests {
             report.events,
             vec!["request_created", "request_decided", "action_recorded"]
         );
+    }
+
+    /// One file of `size` zeros, deflated: a few KB that expand to `size` bytes.
+    pub(crate) fn bomb(size: usize) -> Vec<u8> {
+        let options =
+            SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        let mut zip = zip::ZipWriter::new(Cursor::new(Vec::new()));
+        zip.start_file("manifest.json", options).unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        for _ in 0..size / chunk.len() {
+            zip.write_all(&chunk).unwrap();
+        }
+        zip.finish().unwrap().into_inner()
+    }
+
+    #[test]
+    fn a_zip_bomb_is_refused_before_it_expands() {
+        let bomb = bomb(64 * 1024 * 1024);
+        assert!(bomb.len() < 200 * 1024, "{} bytes", bomb.len());
+        let report = verify_within(&bomb, None, &ReadLimits::upload(bomb.len()));
+        assert!(!report.valid);
+        assert_eq!(report.reasons.len(), 1, "{:?}", report.reasons);
+        assert!(
+            report.reasons[0].contains("manifest.json expands to more than"),
+            "{:?}",
+            report.reasons
+        );
+        // Past the total: many files that are each small enough.
+        let mut files = BTreeMap::new();
+        for i in 0..3 {
+            files.insert(format!("entries/{i}.json"), vec![b' '; 1000]);
+        }
+        let stored = repack(&files);
+        let tight = ReadLimits {
+            max_files: 10,
+            max_file_bytes: 1000,
+            max_total_bytes: 2500,
+        };
+        let report = verify_within(&stored, None, &tight);
+        assert!(
+            report.reasons[0].contains("the archive expands to more than 2500 bytes"),
+            "{:?}",
+            report.reasons
+        );
+        let few = ReadLimits {
+            max_files: 2,
+            ..tight
+        };
+        let report = verify_within(&stored, None, &few);
+        assert!(
+            report.reasons[0].contains("has 3 files; a bundle checked here may have at most 2"),
+            "{:?}",
+            report.reasons
+        );
+    }
+
+    #[test]
+    fn real_bundles_pass_the_upload_limits() {
+        for mode in [Mode::Redacted, Mode::Full] {
+            let bytes = sample(mode);
+            let report = verify_within(&bytes, None, &ReadLimits::upload(bytes.len()));
+            assert!(report.valid, "{mode:?}: {:?}", report.reasons);
+        }
+        // Re-zipped with deflate, a real bundle still fits.
+        let bytes = sample(Mode::Full);
+        let files = read_archive(&bytes, &ReadLimits::OFFLINE).unwrap();
+        let options =
+            SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        let mut zip = zip::ZipWriter::new(Cursor::new(Vec::new()));
+        for (path, content) in &files {
+            zip.start_file(path.as_str(), options).unwrap();
+            zip.write_all(content).unwrap();
+        }
+        let deflated = zip.finish().unwrap().into_inner();
+        assert!(deflated.len() < bytes.len());
+        let report = verify_within(&deflated, None, &ReadLimits::upload(deflated.len()));
+        assert!(report.valid, "{:?}", report.reasons);
     }
 
     #[test]

@@ -22,6 +22,10 @@ pub enum GateError {
     /// Contended or busy: the same call may succeed when retried.
     #[error("{0}")]
     Unavailable(String),
+    /// The caller has too much of something open or under way at once (its own limit,
+    /// not the server's load): it may retry once some of it finished.
+    #[error("{0}")]
+    RateLimited(String),
     #[error(transparent)]
     Store(StoreError),
     /// Something in this process failed (not the caller's input, not the store).
@@ -58,6 +62,7 @@ pub enum ErrorKind {
     NotFound,
     Unauthenticated,
     Unavailable,
+    RateLimited,
     Internal,
 }
 
@@ -79,6 +84,7 @@ impl ErrorKind {
             ErrorKind::NotFound => "not_found",
             ErrorKind::Unauthenticated => "unauthenticated",
             ErrorKind::Unavailable => "unavailable",
+            ErrorKind::RateLimited => "rate_limited",
             ErrorKind::Internal => "internal",
         }
     }
@@ -116,6 +122,7 @@ impl GateError {
             GateError::Unavailable(_) | GateError::Store(StoreError::Unavailable(_)) => {
                 ErrorKind::Unavailable
             }
+            GateError::RateLimited(_) => ErrorKind::RateLimited,
             GateError::Store(_) | GateError::Internal(_) => ErrorKind::Internal,
         }
     }

@@ -32,6 +32,7 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
         raw_payload_export: config.raw_payload_export,
         session_seconds: config.session_hours * 3600,
         backup_dir: Some(config.data_dir.join("backups")),
+        max_waits_per_token: config.server.max_waits_per_token,
         ..Settings::default()
     };
     let mut builder = Gate::builder(store, config.keys_dir())

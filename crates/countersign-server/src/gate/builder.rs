@@ -135,6 +135,7 @@ impl GateBuilder {
             keys,
             clock,
             log,
+            admission: super::Admission::new(&settings),
             settings,
             stopping,
         });

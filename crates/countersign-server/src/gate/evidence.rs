@@ -251,11 +251,18 @@ impl Gate {
         Ok((old, new))
     }
 
-    /// Verifies a bundle against this server's published keys.
-    pub async fn verify_evidence(&self, zip: &[u8]) -> Result<BundleReport, GateError> {
-        Ok(countersign_core::bundle::verify(
-            zip,
-            Some(&self.jwks().await?),
-        ))
+    /// Verifies an uploaded bundle against this server's published keys, reading no
+    /// more of it than a real bundle of its size holds (`ReadLimits::upload`), on a
+    /// blocking thread, a few at a time: beyond that the caller is told the server is
+    /// busy (`unavailable`).
+    pub async fn verify_evidence(&self, zip: Vec<u8>) -> Result<BundleReport, GateError> {
+        let jwks = self.jwks().await?;
+        let _turn = self.admission.verify.enter().await?;
+        tokio::task::spawn_blocking(move || {
+            let limits = countersign_core::bundle::ReadLimits::upload(zip.len());
+            countersign_core::bundle::verify_within(&zip, Some(&jwks), &limits)
+        })
+        .await
+        .map_err(|e| GateError::internal("verifying the bundle", e))
     }
 }

@@ -23,6 +23,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::Accounts;
+use crate::admission::{Held, Lane, PerHolder};
 use crate::error::GateError;
 use crate::ids::{new_id, new_nonce, new_salt};
 use crate::keyring::KeyRing;
@@ -45,6 +46,11 @@ pub const MAX_WAIT_SECONDS: u64 = 300;
 pub const DEFAULT_SESSION_SECONDS: u64 = 12 * 3600;
 /// The longest a dashboard session may be configured to last: 30 days.
 pub const MAX_SESSION_SECONDS: u64 = 30 * 24 * 3600;
+
+/// How many waits one credential may hold open at once unless configured otherwise:
+/// enough for a fleet of agents sharing one token (the 10,000-waiter benchmark sets its
+/// own), few enough that one token cannot hold every connection the server allows.
+pub const DEFAULT_MAX_WAITS_PER_TOKEN: usize = 1_000;
 
 /// A wait of `given` seconds (or `default`), refused beyond [`MAX_WAIT_SECONDS`].
 pub fn wait_time(given: Option<u64>, default: u64) -> Result<Duration, GateError> {
@@ -80,11 +86,17 @@ pub struct Settings {
     pub backup_dir: Option<std::path::PathBuf>,
     /// How long a dashboard session lasts, in seconds.
     pub session_seconds: u64,
+    /// How many waits (REST long polls, MCP `wait_for_approval`, room waits) one
+    /// credential may have open at once.
+    pub max_waits_per_token: usize,
 }
 
 impl Settings {
     /// Checks the settings that have bounds; the message names the setting.
     pub fn validate(&self) -> Result<(), String> {
+        if self.max_waits_per_token == 0 {
+            return Err("max_waits_per_token must be at least 1".into());
+        }
         if !(1..=MAX_SESSION_SECONDS).contains(&self.session_seconds) {
             return Err(format!(
                 "a dashboard session must last between 1 second and {} hours",
@@ -104,6 +116,7 @@ impl Default for Settings {
             raw_payload_export: false,
             backup_dir: None,
             session_seconds: DEFAULT_SESSION_SECONDS,
+            max_waits_per_token: DEFAULT_MAX_WAITS_PER_TOKEN,
         }
     }
 }
@@ -119,6 +132,39 @@ pub struct Gate {
     settings: Settings,
     /// Cancelled when the process shuts down: waits return the current state at once.
     stopping: CancellationToken,
+    /// Bounds on heavy or long-held work (evidence verification, waits).
+    admission: Admission,
+}
+
+/// Evidence verifications run at once: two, as the smallest deployment has two cores,
+/// so a flood of uploads leaves the async workers (and everyone else's requests) alone.
+const VERIFY_AT_ONCE: usize = 2;
+/// Verifications waiting for a turn before further ones are told the server is busy;
+/// each holds its upload (up to `max_body_bytes`) while it waits.
+const VERIFY_QUEUE: usize = 8;
+/// How long a verification waits for a turn.
+const VERIFY_PATIENCE: Duration = Duration::from_secs(10);
+
+impl Admission {
+    fn new(settings: &Settings) -> Self {
+        Self {
+            verify: Lane::new(
+                "evidence verifications",
+                VERIFY_AT_ONCE,
+                VERIFY_QUEUE,
+                VERIFY_PATIENCE,
+            ),
+            waits: PerHolder::new("waits", settings.max_waits_per_token),
+        }
+    }
+}
+
+/// What the gate takes on at once; see [`crate::admission`].
+pub(crate) struct Admission {
+    /// Evidence verification: CPU and memory heavy, run off the async workers.
+    pub(crate) verify: Lane,
+    /// Open waits per credential.
+    pub(crate) waits: PerHolder,
 }
 
 impl Gate {
@@ -267,6 +313,12 @@ impl Gate {
         }
     }
 
+    /// One open wait of `who`'s, held until dropped; refused when `who` has
+    /// `max_waits_per_token` open already. Every wait (requests, rooms) holds one.
+    pub fn hold_wait(&self, who: &Principal) -> Result<Held, GateError> {
+        self.admission.waits.open(&who.id)
+    }
+
     /// Waits until the request is decided (or times out, or is cancelled), or until
     /// `timeout` passes, calling `progress` with the time waited every [`PROGRESS_EVERY`].
     /// Woken by the change feed, not by a timer.
@@ -277,6 +329,7 @@ impl Gate {
         timeout: Duration,
         progress: &mut (dyn FnMut(Duration) + Send),
     ) -> Result<ApprovalRequest, GateError> {
+        let _open = self.hold_wait(who)?;
         // Watch before reading, so a decision committed after the read is always seen.
         let mut watch = self.feed.watch(id);
         // The reads are boxed: a parked waiter then holds a pointer instead of room for a

@@ -6,6 +6,7 @@ mod support;
 
 mod auth;
 mod decisions;
+mod edge;
 mod input;
 mod log;
 mod mcp_http;

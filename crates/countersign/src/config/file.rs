@@ -23,6 +23,7 @@ pub struct FileConfig {
     pub database_url: Option<String>,
     pub keys_dir: Option<PathBuf>,
     pub cli: Option<CliSection>,
+    pub server: Option<ServerSection>,
     pub log: Option<LogSection>,
     pub evidence: Option<EvidenceSection>,
     pub review: Option<ReviewSection>,
@@ -55,6 +56,17 @@ pub struct ChannelSections {
 #[serde(deny_unknown_fields)]
 pub struct CliSection {
     pub unattended_decisions: Option<bool>,
+}
+
+/// `[server]`: what a connection, a credential and an account may hold at once.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    pub header_timeout_seconds: Option<u64>,
+    pub body_timeout_seconds: Option<u64>,
+    pub max_connections: Option<usize>,
+    pub trusted_proxies: Option<Vec<String>>,
+    pub max_waits_per_token: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

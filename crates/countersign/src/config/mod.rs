@@ -23,7 +23,7 @@ use countersign_server::{HttpConfig, Settings};
 
 pub use database::Database;
 use env::Env;
-use file::{ChannelSections, FileConfig, HttpKeys, LogSection, ReviewSection};
+use file::{ChannelSections, FileConfig, HttpKeys, LogSection, ReviewSection, ServerSection};
 
 pub use countersign_server::http::DEFAULT_LISTEN;
 pub const CONFIG_FILE_NAME: &str = "countersign.toml";
@@ -70,6 +70,18 @@ pub struct Config {
     pub keys_dir: PathBuf,
     /// Slack, email, webhooks, reminders.
     pub notify: countersign_server::notify::NotifyConfig,
+    /// `[server]`: connection timeouts and limits, trusted proxies, waits per token.
+    pub server: ServerLimits,
+}
+
+/// `[server]`, resolved: each default is the server's (`HttpConfig`, `Settings`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerLimits {
+    pub header_timeout: std::time::Duration,
+    pub body_timeout: std::time::Duration,
+    pub max_connections: usize,
+    pub trusted_proxies: countersign_server::http::client::TrustedProxies,
+    pub max_waits_per_token: usize,
 }
 
 /// Settings given on the command line (each overrides everything else).
@@ -111,6 +123,7 @@ impl Config {
             database_url,
             keys_dir,
             cli,
+            server,
             log,
             evidence,
             review,
@@ -132,6 +145,7 @@ impl Config {
             },
             listen,
         )?;
+        let server = server_limits(&env, server.unwrap_or_default())?;
         let log_origin = log_origin(log)?;
         let mut warnings = Vec::new();
         let reviewer = reviewer(review, &mut warnings)?;
@@ -152,6 +166,7 @@ impl Config {
         let notify = channels::resolve(channels, &env, &http.public_url)?;
         Ok(Self {
             notify,
+            server,
             database,
             keys_dir,
             public_url: http.public_url,
@@ -294,9 +309,49 @@ fn http(env: &Env, file: HttpKeys, listen: SocketAddr) -> anyhow::Result<HttpCon
         operator_tools,
         max_body_bytes,
         public_url: public_url.trim_end_matches('/').to_string(),
+        ..defaults
     };
     http.validate().map_err(anyhow::Error::msg)?;
     Ok(http)
+}
+
+/// `[server]`: the server's defaults, checked by its own `validate()`s.
+fn server_limits(env: &Env, section: ServerSection) -> anyhow::Result<ServerLimits> {
+    let http = HttpConfig::default();
+    let settings = Settings::default();
+    let seconds = |set: Option<u64>, default: std::time::Duration| {
+        set.map(std::time::Duration::from_secs).unwrap_or(default)
+    };
+    let proxies = env
+        .list("COUNTERSIGN_TRUSTED_PROXIES")
+        .or(section.trusted_proxies)
+        .unwrap_or_default();
+    let trusted_proxies = countersign_server::http::client::TrustedProxies::parse(&proxies)
+        .map_err(|e| anyhow::anyhow!("[server] {e}"))?;
+    let limits = ServerLimits {
+        header_timeout: seconds(section.header_timeout_seconds, http.header_timeout),
+        body_timeout: seconds(section.body_timeout_seconds, http.body_timeout),
+        max_connections: section.max_connections.unwrap_or(http.max_connections),
+        trusted_proxies,
+        max_waits_per_token: section
+            .max_waits_per_token
+            .unwrap_or(settings.max_waits_per_token),
+    };
+    HttpConfig {
+        header_timeout: limits.header_timeout,
+        body_timeout: limits.body_timeout,
+        max_connections: limits.max_connections,
+        ..http
+    }
+    .validate()
+    .map_err(|e| anyhow::anyhow!("[server] {e}"))?;
+    Settings {
+        max_waits_per_token: limits.max_waits_per_token,
+        ..settings
+    }
+    .validate()
+    .map_err(|e| anyhow::anyhow!("[server] {e}"))?;
+    Ok(limits)
 }
 
 /// `[log] origin`: it becomes the first line of every checkpoint.
@@ -479,6 +534,72 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("not an IP:port"));
+    }
+
+    #[test]
+    fn the_server_section_sets_timeouts_limits_and_trusted_proxies() {
+        use countersign_server::http::client::TrustedProxies;
+        use std::time::Duration;
+        use testing::ConfigFile;
+        let file = ConfigFile::new();
+        let c = file.resolve("").unwrap();
+        let http = HttpConfig::default();
+        assert_eq!(c.server.header_timeout, http.header_timeout);
+        assert_eq!(c.server.header_timeout, Duration::from_secs(10));
+        assert_eq!(c.server.max_connections, http.max_connections);
+        assert!(c.server.trusted_proxies.is_empty());
+        assert_eq!(
+            c.server.max_waits_per_token,
+            Settings::default().max_waits_per_token
+        );
+
+        let c = file
+            .resolve("[server]\nheader_timeout_seconds = 5\nbody_timeout_seconds = 60\nmax_connections = 100\ntrusted_proxies = [\"10.0.0.0/8\", \"::1\"]\nmax_waits_per_token = 7\n")
+            .unwrap();
+        assert_eq!(c.server.header_timeout, Duration::from_secs(5));
+        assert_eq!(c.server.body_timeout, Duration::from_secs(60));
+        assert_eq!(c.server.max_connections, 100);
+        assert_eq!(
+            c.server.trusted_proxies,
+            TrustedProxies::parse(&["10.0.0.0/8".into(), "::1".into()]).unwrap()
+        );
+        assert_eq!(c.server.max_waits_per_token, 7);
+
+        // The variable wins over the file.
+        std::fs::write(&file.path, "[server]\ntrusted_proxies = [\"10.0.0.1\"]\n").unwrap();
+        let c = Config::resolve(
+            &file.flags,
+            &vars(&[("COUNTERSIGN_TRUSTED_PROXIES", "192.0.2.1, 192.0.2.2")]),
+        )
+        .unwrap();
+        assert_eq!(
+            c.server.trusted_proxies,
+            TrustedProxies::parse(&["192.0.2.1".into(), "192.0.2.2".into()]).unwrap()
+        );
+
+        for (toml, says) in [
+            (
+                "[server]\nheader_timeout_seconds = 0\n",
+                "header_timeout_seconds must be",
+            ),
+            (
+                "[server]\nbody_timeout_seconds = 7200\n",
+                "body_timeout_seconds must be",
+            ),
+            ("[server]\nmax_connections = 0\n", "max_connections must be"),
+            (
+                "[server]\ntrusted_proxies = [\"proxy\"]\n",
+                "\"proxy\" is not an IP address",
+            ),
+            (
+                "[server]\nmax_waits_per_token = 0\n",
+                "max_waits_per_token must be",
+            ),
+            ("[server]\nheader_timeout = 5\n", "unknown field"),
+        ] {
+            let err = format!("{:#}", file.resolve(toml).unwrap_err());
+            assert!(err.contains(says), "{toml}: {err}");
+        }
     }
 
     #[test]

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use super::{Delivery, DeliveryChannel, Outbound, SendResult, outcome_line, permanent};
 
 pub use api::{ApiFailure, auth_test, call};
+pub(crate) use blocks::esc as escape;
 pub use blocks::{final_message, modal, request_message};
 
 pub const DEFAULT_API_BASE_URL: &str = "https://slack.com/api";
