@@ -587,6 +587,9 @@ pub struct RoomView {
     pub created_by: String,
     pub deleted_at: Option<String>,
     pub purged_at: Option<String>,
+    /// Who besides its creator and the people who decide may use it (principal ids
+    /// and `group:<name>`s); empty: anyone.
+    pub allowed: Vec<String>,
     /// In listings: what waits for a person there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attention: Option<countersign_core::rooms::Attention>,
@@ -601,6 +604,7 @@ impl RoomView {
             created_by: room.created_by.clone(),
             deleted_at: room.deleted_at.map(|t| t.to_string()),
             purged_at: room.purged_at.map(|t| t.to_string()),
+            allowed: room.allowed.clone(),
             attention: None,
         }
     }

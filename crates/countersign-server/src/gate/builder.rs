@@ -126,6 +126,8 @@ impl GateBuilder {
                 clock.clone(),
                 settings.backup_dir.clone(),
                 stopping.clone(),
+                settings.groups.clone(),
+                settings.room_messages_per_minute,
             ),
             store,
             feed,
@@ -134,6 +136,7 @@ impl GateBuilder {
             log,
             settings,
             stopping,
+            requester_locks: super::KeyedLocks::default(),
         }))
     }
 }

@@ -16,12 +16,13 @@ pub(super) struct RoomList {
     rooms: Vec<RoomView>,
 }
 
-pub(super) async fn list(Caller { gate, .. }: Caller) -> Result<Json<RoomList>, ApiError> {
+/// The rooms the caller may use, with what waits in each (people who decide: every
+/// room).
+pub(super) async fn list(Caller { gate, who, .. }: Caller) -> Result<Json<RoomList>, ApiError> {
     let rooms = gate.rooms();
-    let attention = rooms.attention().await?;
-    let rooms = rooms
-        .list()
-        .await?
+    let listed = rooms.list_for(&who).await?;
+    let attention = rooms.attention(&listed).await?;
+    let rooms = listed
         .iter()
         .map(|r| RoomView {
             attention: Some(attention.get(&r.name).cloned().unwrap_or_default()),
@@ -57,15 +58,16 @@ pub(super) struct RoomMessages {
 }
 
 pub(super) async fn messages(
-    Caller { gate, .. }: Caller,
+    Caller { gate, who, .. }: Caller,
     ApiPath(room): ApiPath<String>,
     ApiQuery(params): ApiQuery<MessagesParams>,
 ) -> Result<Json<RoomMessages>, ApiError> {
     let rooms = gate.rooms();
-    let found = rooms.existing(&room).await?;
+    let found = rooms.admitted(&who, &room).await?;
     let since = params.since.unwrap_or(0);
     let messages = rooms
-        .messages(
+        .read(
+            &who,
             &found.name,
             since,
             params.limit.unwrap_or(200).clamp(1, 1000),
@@ -103,14 +105,27 @@ pub(super) struct MemberList {
 }
 
 pub(super) async fn members(
-    Caller { gate, .. }: Caller,
+    Caller { gate, who, .. }: Caller,
     ApiPath(room): ApiPath<String>,
 ) -> Result<Json<MemberList>, ApiError> {
     let rooms = gate.rooms();
-    rooms.existing(&room).await?;
+    rooms.admitted(&who, &room).await?;
     Ok(Json(MemberList {
         members: rooms.members(&room).await?,
     }))
+}
+
+input!(AccessBody { allowed: Vec<String> });
+
+/// Restricts a room to named principals and groups (an empty list opens it): its
+/// creator or an admin.
+pub(super) async fn restrict(
+    Caller { gate, who, .. }: Caller,
+    ApiPath(room): ApiPath<String>,
+    ApiJson(body): ApiJson<AccessBody>,
+) -> Result<Json<RoomView>, ApiError> {
+    let room = gate.rooms().restrict(&who, &room, &body.allowed).await?;
+    Ok(Json(RoomView::new(&room)))
 }
 
 input!(AnswerBody { text: String });

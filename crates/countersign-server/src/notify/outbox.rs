@@ -207,6 +207,9 @@ impl Notifier {
     }
 
     async fn transport(&self, delivery: &Delivery, later: &mut Vec<Delivery>) -> SendResult {
+        if delivery.event_type == super::digest::EVENT_TYPE {
+            return super::digest::send(&self.out, delivery).await;
+        }
         match &delivery.channel {
             DeliveryChannel::Webhook { name, url } => {
                 let Some(config) = self.out.config.webhooks.iter().find(|w| &w.name == name) else {

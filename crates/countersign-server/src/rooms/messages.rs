@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use countersign_core::rooms::{
-    self, Attention, MessageType, MessageView, Presence, message_event, room_event,
+    self, Attention, MessageType, MessageView, Presence, Room, message_event, room_event,
 };
 use countersign_core::{ApprovalRequest, Decider, Event, EventKind, Principal, Role, Status};
 use countersign_store::{Docs, RequestQuery, StoreError};
@@ -31,6 +31,31 @@ impl HumanGate {
             HumanGate::Blocker => "blocker",
         }
     }
+}
+
+/// What an approval shown in a room says to a reader who neither decides nor asked for
+/// it: the request's id, not its description.
+pub const APPROVAL_SEEN_BY_OTHERS: &str =
+    "approval requested (its description is shown to approvers and the requester only)";
+
+/// `messages` as `who` may read them: the text of an approval shown in the room is the
+/// requester's and the deciders' to read.
+fn shown_to(who: &Principal, mut messages: Vec<MessageView>) -> Vec<MessageView> {
+    if who.role.may_decide() {
+        return messages;
+    }
+    for m in &mut messages {
+        if m.kind == MessageType::Approval.as_str()
+            && m.author_id.as_deref() != Some(who.id.as_str())
+            && m.text.is_some()
+        {
+            m.text = Some(match &m.reference {
+                Some(id) => format!("{id}: {APPROVAL_SEEN_BY_OTHERS}"),
+                None => APPROVAL_SEEN_BY_OTHERS.to_string(),
+            });
+        }
+    }
+    messages
 }
 
 fn message_seq(id: &str) -> Result<u64, GateError> {
@@ -61,6 +86,10 @@ impl Rooms {
     ) -> Result<MessageView, GateError> {
         let text = rooms::message_text("text", text)?;
         let room = self.open_room(who, room).await?;
+        // An approval is limited by the requests its agent may have pending instead.
+        if kind != MessageType::Approval {
+            self.rate.take(&who.id)?;
+        }
         if who.role == Role::Agent {
             self.touch(who, &room.name, kind.presence(), None).await?;
         }
@@ -81,8 +110,22 @@ impl Rooms {
         })
     }
 
+    /// A room's messages after `since` as `who` may read them: refused when the room is
+    /// restricted to others; an approval shown there reads as its request id only,
+    /// unless `who` decides or asked for it.
+    pub async fn read(
+        &self,
+        who: &Principal,
+        room: &str,
+        since: u64,
+        limit: usize,
+    ) -> Result<Vec<MessageView>, GateError> {
+        self.admitted(who, room).await?;
+        Ok(shown_to(who, self.messages(room, since, limit).await?))
+    }
+
     /// A room's messages after `since` (a seq), oldest first, at most `limit`.
-    pub async fn messages(
+    pub(crate) async fn messages(
         &self,
         room: &str,
         since: u64,
@@ -100,15 +143,17 @@ impl Rooms {
     }
 
     /// Waits for a message after `since` (by anyone), up to `timeout`; returns the new
-    /// messages (empty when the time ran out). Woken by the message itself.
+    /// messages (empty when the time ran out), as `who` may read them. Woken by the
+    /// message itself.
     pub async fn wait_for_message(
         &self,
+        who: &Principal,
         room: &str,
         since: u64,
         timeout: Duration,
     ) -> Result<Vec<MessageView>, GateError> {
         let room = rooms::room_name(room)?;
-        self.existing(&room).await?;
+        self.admitted(who, &room).await?;
         let mut watch = self.feed.watch(&rooms::subject(&room));
         let deadline = Instant::now() + timeout;
         loop {
@@ -119,7 +164,7 @@ impl Rooms {
                 .filter(|m| !rooms::is_chatter(&m.kind))
                 .collect();
             if !new.is_empty() {
-                return Ok(new);
+                return Ok(shown_to(who, new));
             }
             tokio::select! {
                 _ = watch.changed() => {}
@@ -222,11 +267,13 @@ impl Rooms {
     /// or blocker); `None` when none came.
     pub async fn wait_for_reply(
         &self,
+        who: &Principal,
         room: &str,
         id: &str,
         timeout: Duration,
     ) -> Result<Option<MessageView>, GateError> {
         let room = rooms::room_name(room)?;
+        self.admitted(who, &room).await?;
         let seq = message_seq(id)?;
         let mut watch = self.feed.watch(&rooms::subject(&room));
         let deadline = Instant::now() + timeout;
@@ -283,7 +330,7 @@ impl Rooms {
         let asked = self
             .post(who, room, question, MessageType::Question, None)
             .await?;
-        let answer = self.wait_for_reply(room, &asked.id, timeout).await?;
+        let answer = self.wait_for_reply(who, room, &asked.id, timeout).await?;
         if answer.is_some() {
             self.touch(who, &rooms::room_name(room)?, Some(Presence::Working), None)
                 .await?;
@@ -291,16 +338,14 @@ impl Rooms {
         Ok((asked, answer))
     }
 
-    /// What waits for a person in each open room: pending approvals shown there, open
-    /// questions, open blockers.
-    pub async fn attention(&self) -> Result<BTreeMap<String, Attention>, GateError> {
+    /// What waits for a person in each of `listed` that is open: pending approvals
+    /// shown there, open questions, open blockers.
+    pub async fn attention(
+        &self,
+        listed: &[Room],
+    ) -> Result<BTreeMap<String, Attention>, GateError> {
         let mut out = BTreeMap::new();
-        for room in self
-            .list()
-            .await?
-            .into_iter()
-            .filter(|r| r.deleted_at.is_none())
-        {
+        for room in listed.iter().filter(|r| r.deleted_at.is_none()) {
             let messages = self.messages(&room.name, 0, usize::MAX).await?;
             out.insert(room.name.clone(), Attention::of(&messages));
         }

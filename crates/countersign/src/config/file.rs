@@ -32,6 +32,10 @@ pub struct FileConfig {
     pub reminders: Option<RemindersSection>,
     pub slack: Option<SlackSection>,
     pub email: Option<EmailSection>,
+    /// Named groups of principals: `ops = ["token:deploy-bot", "user:alice"]`.
+    pub groups: Option<BTreeMap<String, Vec<String>>>,
+    pub rooms: Option<super::guards::RoomsSection>,
+    pub limits: Option<super::guards::LimitsSection>,
 }
 
 /// The keys about the HTTP server, resolved together into the server's `HttpConfig`.
