@@ -18,3 +18,4 @@ mod rooms;
 mod scopes;
 mod ui;
 mod upgrade;
+mod visibility;

@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::support::{err, ok, start, start_with};
 
-const AGENT_TOOLS: [&str; 19] = [
+const AGENT_TOOLS: [&str; 20] = [
     "cancel_approval",
     "check_approval",
     "get_evidence",
@@ -23,6 +23,7 @@ const AGENT_TOOLS: [&str; 19] = [
     "record_outcome",
     "report_blocker",
     "request_approval",
+    "restrict_room",
     "set_presence",
     "verify_evidence",
     "verify_proof",
