@@ -261,8 +261,9 @@ impl Store for SqliteStore {
         limit: usize,
     ) -> Result<Vec<StoredEvent>, StoreError> {
         let subject = subject.to_string();
-        let read =
-            move |conn: &rusqlite::Connection| events::of_subject_after(conn, &subject, after, limit);
+        let read = move |conn: &rusqlite::Connection| {
+            events::of_subject_after(conn, &subject, after, limit)
+        };
         if limit <= SHORT_READ_EVENTS {
             self.readers.read_now(read).await
         } else {

@@ -48,13 +48,23 @@ pub(super) async fn create(
     Ok(Json(RoomView::new(&room)))
 }
 
-input!(MessagesParams { since: Option<u64>, limit: Option<usize> });
+input!(MessagesParams {
+    since: Option<u64>,
+    limit: Option<usize>,
+    /// The newest messages (before `before`, if given) instead of those after `since`.
+    latest: Option<bool>,
+    before: Option<u64>
+});
 
 #[derive(Debug, Serialize)]
 pub(super) struct RoomMessages {
     room: RoomView,
     messages: Vec<MessageView>,
     next_since: u64,
+    /// With `latest`: pass as `before` to load the page before these ("load older");
+    /// absent when there is nothing older.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    older_before: Option<u64>,
 }
 
 pub(super) async fn messages(
@@ -64,18 +74,42 @@ pub(super) async fn messages(
 ) -> Result<Json<RoomMessages>, ApiError> {
     let rooms = gate.rooms();
     let found = rooms.admitted(&who, &room).await?;
+    let limit = params.limit.unwrap_or(200).clamp(1, 1000);
+    if params.latest.unwrap_or(false) || params.before.is_some() {
+        if params.since.is_some() {
+            return Err(GateError::BadInput(
+                "since reads forward, latest and before read backward: give one or the other"
+                    .into(),
+            )
+            .into());
+        }
+        let messages = rooms
+            .read_latest(&who, &found.name, params.before, limit)
+            .await?;
+        let older_before = match messages.first() {
+            Some(first) if messages.len() == limit => Some(first.seq),
+            _ => None,
+        };
+        let newest = messages.last().map(|m| m.seq);
+        let next = match (params.before, newest) {
+            // The newest page: new messages come after its last one.
+            (None, Some(seq)) => seq,
+            (None, None) => 0,
+            (Some(before), _) => before.saturating_sub(1),
+        };
+        return Ok(Json(RoomMessages {
+            room: RoomView::new(&found),
+            next_since: next,
+            older_before,
+            messages,
+        }));
+    }
     let since = params.since.unwrap_or(0);
-    let messages = rooms
-        .read(
-            &who,
-            &found.name,
-            since,
-            params.limit.unwrap_or(200).clamp(1, 1000),
-        )
-        .await?;
+    let messages = rooms.read(&who, &found.name, since, limit).await?;
     Ok(Json(RoomMessages {
         room: RoomView::new(&found),
         next_since: next_since(&messages, since),
+        older_before: None,
         messages,
     }))
 }

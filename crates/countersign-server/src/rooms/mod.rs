@@ -53,6 +53,64 @@ pub struct Rooms {
     groups: Groups,
     /// How fast one principal may post.
     rate: rate::RateLimit,
+    /// Each room's open questions and blockers, as counted so far from its events.
+    tallies: std::sync::Mutex<std::collections::HashMap<String, Tally>>,
+    /// How many room events this service has read from the store (a measure of what
+    /// listing and waiting cost, for tests and benchmarks).
+    events_read: std::sync::atomic::AtomicU64,
+}
+
+/// A room's questions and blockers still open, counted from its events up to
+/// `last_seq`; counting goes on from there.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tally {
+    last_seq: u64,
+    questions: std::collections::BTreeSet<String>,
+    blockers: std::collections::BTreeSet<String>,
+}
+
+impl Tally {
+    fn count(&mut self, seq: u64, entry: &countersign_core::LogEntry) {
+        if seq <= self.last_seq {
+            return;
+        }
+        self.last_seq = seq;
+        let reference = || {
+            entry
+                .data
+                .get("ref")
+                .and_then(|r| r.as_str())
+                .map(str::to_string)
+        };
+        match entry.kind {
+            EventKind::MessagePosted => {
+                match entry.data.get("type").and_then(|t| t.as_str()) {
+                    Some("question") => self.questions.insert(format!("m{seq}")),
+                    Some("blocker") => self.blockers.insert(format!("m{seq}")),
+                    _ => false,
+                };
+            }
+            EventKind::QuestionAnswered => {
+                if let Some(r) = reference() {
+                    self.questions.remove(&r);
+                }
+            }
+            EventKind::BlockerResolved => {
+                if let Some(r) = reference() {
+                    self.blockers.remove(&r);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn attention(&self) -> Attention {
+        Attention {
+            approvals: 0,
+            questions: self.questions.len(),
+            blockers: self.blockers.len(),
+        }
+    }
 }
 
 /// What a purge writes before erasing: the room and its messages with their texts.
@@ -108,7 +166,37 @@ impl Rooms {
             stopping,
             groups,
             rate: rate::RateLimit::new(messages_per_minute),
+            tallies: std::sync::Mutex::new(std::collections::HashMap::new()),
+            events_read: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// How many room events this service has read from the store so far.
+    pub fn events_read(&self) -> u64 {
+        self.events_read.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn tally(&self, room: &str) -> Result<Tally, GateError> {
+        Ok(self
+            .tallies
+            .lock()
+            .map_err(|_| GateError::Internal("the room tallies' lock was poisoned".into()))?
+            .get(room)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    /// Keeps `tally` unless another caller counted further meanwhile.
+    fn keep_tally(&self, room: &str, tally: Tally) -> Result<(), GateError> {
+        let mut tallies = self
+            .tallies
+            .lock()
+            .map_err(|_| GateError::Internal("the room tallies' lock was poisoned".into()))?;
+        let entry = tallies.entry(room.to_string()).or_default();
+        if tally.last_seq >= entry.last_seq {
+            *entry = tally;
+        }
+        Ok(())
     }
 
     /// The `[groups]` rooms may be restricted to.

@@ -451,3 +451,148 @@ async fn one_agent_may_have_only_so_many_requests_pending() {
         .await);
     assert!(refused.contains("pending_per_agent"), "{refused}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_room_list_and_waits_read_only_what_is_new() {
+    let settings = Settings {
+        room_messages_per_minute: 0,
+        ..Settings::default()
+    };
+    let server = start_full(HttpConfig::default(), settings).await;
+    let agent = server.mcp(&server.agent).await;
+    let asked = ok(&agent
+        .call(
+            "report_blocker",
+            json!({"room": "busy", "description": "need the deploy key"}),
+        )
+        .await);
+    let rooms = server.gate.rooms();
+    let server = &server;
+    let listed = |expect: usize| async move {
+        let (status, body) = server.get("/api/v1/rooms", &server.approver).await;
+        assert_eq!(status, 200);
+        let room = body["rooms"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| r["name"] == "busy")
+            .cloned()
+            .unwrap();
+        assert_eq!(room["attention"]["blockers"], json!(expect), "{room}");
+    };
+    listed(1).await;
+    let long = 1200;
+    for i in 0..long {
+        rooms
+            .post_message(
+                &Principal::from_token("deploy-bot", Role::Agent),
+                "busy",
+                &format!("step {i}"),
+                "progress",
+            )
+            .await
+            .unwrap();
+    }
+    let before = rooms.events_read();
+    listed(1).await;
+    let first = rooms.events_read() - before;
+    assert!(
+        first as usize <= long + 10,
+        "the list read {first} events for {long} new ones"
+    );
+    // However long the history, a list reads only what came since the last one.
+    let before = rooms.events_read();
+    listed(1).await;
+    listed(1).await;
+    assert_eq!(
+        rooms.events_read() - before,
+        0,
+        "the lists re-read the history"
+    );
+
+    // The blocker is resolved: the count follows, reading one new event.
+    let blocker = asked["blocker_id"].as_str().unwrap().to_string();
+    let (status, _) = server
+        .post(
+            &format!("/api/v1/rooms/busy/blockers/{blocker}/resolve"),
+            &server.approver,
+            json!({"reply": "use the vault"}),
+        )
+        .await;
+    assert_eq!(status, 200);
+    let before = rooms.events_read();
+    listed(0).await;
+    assert!(rooms.events_read() - before <= 2);
+
+    // A wait for a resolution already given reads from the blocker on once, then the
+    // waits for new messages read only after `since`.
+    let resolved = ok(&agent
+        .call(
+            "wait_for_resolution",
+            json!({"room": "busy", "blocker_id": blocker, "timeout_seconds": 1}),
+        )
+        .await);
+    assert_eq!(resolved["resolved"], true);
+    let (_, latest) = server
+        .get(
+            "/api/v1/rooms/busy/messages?latest=true&limit=1",
+            &server.agent,
+        )
+        .await;
+    let last = latest["messages"][0]["seq"].as_u64().unwrap();
+    let before = rooms.events_read();
+    let waited = ok(&agent
+        .call(
+            "wait_for_message",
+            json!({"room": "busy", "since": last, "timeout_seconds": 1}),
+        )
+        .await);
+    assert_eq!(waited["timed_out"], true);
+    assert_eq!(rooms.events_read() - before, 0);
+
+    // The dashboard's view: the newest page, newest last, and the page before it.
+    let (status, page) = server
+        .get(
+            "/api/v1/rooms/busy/messages?latest=true&limit=50",
+            &server.approver,
+        )
+        .await;
+    assert_eq!(status, 200, "{page}");
+    let seqs: Vec<u64> = page["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs.len(), 50);
+    assert!(seqs.windows(2).all(|w| w[0] < w[1]), "oldest first");
+    assert_eq!(*seqs.last().unwrap(), last);
+    assert_eq!(page["messages"][49]["type"], "resolution");
+    let older = page["older_before"].as_u64().unwrap();
+    assert_eq!(older, seqs[0]);
+    let (_, previous) = server
+        .get(
+            &format!("/api/v1/rooms/busy/messages?before={older}&limit=50"),
+            &server.approver,
+        )
+        .await;
+    let prev: Vec<u64> = previous["messages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(prev.len(), 50);
+    assert!(*prev.last().unwrap() < older);
+    assert_eq!(
+        previous["messages"][49]["text"],
+        json!(format!("step {}", long - 50))
+    );
+    let (status, _) = server
+        .get(
+            "/api/v1/rooms/busy/messages?latest=true&since=3",
+            &server.approver,
+        )
+        .await;
+    assert_eq!(status, 400);
+}
