@@ -6,6 +6,7 @@ mod support;
 
 mod auth;
 mod decisions;
+mod digests;
 mod input;
 mod log;
 mod mcp_http;
