@@ -107,10 +107,10 @@ impl RequestApprovalOutput {
 pub struct ApproverView {
     pub id: String,
     pub display_name: String,
-    /// api, mcp or cli.
-    pub channel: String,
-    /// How the approver authenticated: bearer_token or local_os_user.
-    pub auth_method: String,
+    /// Where the decision was made (every channel countersign decides through).
+    pub channel: countersign_core::Channel,
+    /// How the approver authenticated (every way countersign knows).
+    pub auth_method: countersign_core::AuthMethod,
 }
 
 impl ApproverView {
@@ -118,8 +118,8 @@ impl ApproverView {
         Self {
             id: a.id.clone(),
             display_name: a.display_name.clone(),
-            channel: a.channel.as_str().to_string(),
-            auth_method: enum_str(&a.auth_method),
+            channel: a.channel,
+            auth_method: a.auth_method,
         }
     }
 }
