@@ -232,7 +232,7 @@ async fn check_channels(config: &Config, r: &mut Report) {
     let public_is_loopback = reqwest::Url::parse(&config.public_url)
         .ok()
         .and_then(|u| u.host_str().map(str::to_string))
-        .is_some_and(|h| matches!(h.as_str(), "localhost" | "127.0.0.1" | "[::1]"));
+        .is_some_and(|h| countersign_server::hosts::is_loopback(&h));
     match &notify.slack {
         None => r.ok("Slack: not configured"),
         Some(s) => {
@@ -252,6 +252,12 @@ async fn check_channels(config: &Config, r: &mut Report) {
             if public_is_loopback {
                 r.warn(&format!(
                     "Slack: public_url is {}, which Slack cannot reach: set public_url to this server's public https:// address",
+                    config.public_url
+                ));
+            } else {
+                // What doctor can see from here; whether Slack reaches it, Slack says.
+                r.ok(&format!(
+                    "Slack: public_url {} is not a loopback address (doctor cannot tell whether Slack reaches it: Slack checks the Request URL when it is saved in the app's Interactivity settings)",
                     config.public_url
                 ));
             }
