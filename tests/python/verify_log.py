@@ -1443,7 +1443,7 @@ def test_full_mode_bundle(binary: str, scratch: Path, results: Results) -> None:
         post(ctx, f"/api/v1/requests/{rid}/decision", approver, {"decision": "approved", "comment": "fine", "fields": {"po": "PO-1"}})
         post(ctx, f"/api/v1/requests/{rid}/actions", agent, {"tool": "payments.refund", "details": {"ref": "R-7"}})
         post(ctx, f"/api/v1/requests/{rid}/review", approver, {"verdict": "accepted", "notes": "checked"})
-        log = Log(server.base_url, agent)
+        log = Log(server.base_url, approver)
         # Two token_created and four request events.
         log.wait_for_size(6, "example.com/countersign-test")
         full = download_bundle(ctx, rid, "full")

@@ -211,7 +211,7 @@ impl Notifier {
             return super::digest::send(&self.out, delivery).await;
         }
         match &delivery.channel {
-            DeliveryChannel::Webhook { name, url } => {
+            DeliveryChannel::Webhook { name, .. } => {
                 let Some(config) = self.out.config.webhooks.iter().find(|w| &w.name == name) else {
                     return Err(format!("webhook {name} is no longer configured"));
                 };
@@ -220,7 +220,7 @@ impl Notifier {
                 };
                 webhook::send(
                     &self.out.http,
-                    url,
+                    &config.url,
                     &config.secret,
                     &delivery.message_id,
                     self.now(),

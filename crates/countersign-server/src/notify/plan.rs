@@ -63,9 +63,11 @@ pub async fn plan(
                 format!("{:012}.webhook.{}", event.seq, webhook.name),
                 event.entry.subject.clone(),
                 kind,
+                // The history shows the URL redacted; the sender takes it from the
+                // config by name.
                 DeliveryChannel::Webhook {
                     name: webhook.name.clone(),
-                    url: webhook.url.clone(),
+                    url: super::webhook::redact_url(&webhook.url),
                 },
                 now,
             );

@@ -136,3 +136,44 @@ async fn a_flood_of_requests_from_one_agent_is_summed_up_in_one_digest() {
             .contains("Delete bucket 9")
     );
 }
+
+/// A webhook URL with secrets in it (a password, a token in the query) appears redacted
+/// in the delivery history and in its errors; the send still goes to the real URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhook_secrets_in_urls_stay_out_of_the_history() {
+    let clock = Arc::new(FixedClock::new(
+        Timestamp::parse("2026-11-29T12:00:00Z").unwrap(),
+    ));
+    let server = start_clocked_with(clock.clone(), countersign_server::Settings::default()).await;
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let config = NotifyConfig {
+        webhooks: vec![countersign_server::notify::WebhookConfig {
+            name: "audit".into(),
+            url: format!("http://hook:pa55word@127.0.0.1:{closed}/in?token=s3cret"),
+            secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
+            events: vec![],
+        }],
+        ..NotifyConfig::default()
+    };
+    let notifier = Notifier::new(server.gate.clone(), config).unwrap();
+    notifier.plan_new_events().await.unwrap();
+    server.create_default().await;
+    assert_eq!(notifier.plan_new_events().await.unwrap(), 1);
+    assert_eq!(notifier.send_due().await.unwrap(), 1);
+    let history = notifier.history(10).await.unwrap();
+    let text = serde_json::to_string(&history).unwrap();
+    assert!(
+        !text.contains("s3cret") && !text.contains("pa55word"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!("http://***@127.0.0.1:{closed}/in?***")),
+        "{text}"
+    );
+    let error = history[0].last_error.clone().unwrap();
+    assert!(error.contains("could not reach"), "{error}");
+}

@@ -124,6 +124,8 @@ pub struct WebhookSection {
     pub secret_file: Option<PathBuf>,
     #[serde(default)]
     pub events: Vec<String>,
+    /// Allows a plain `http://` URL to a host other than this machine.
+    pub allow_plain_http: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]
