@@ -72,6 +72,7 @@ ENTRY_TYPES = {
     "room_deleted",
     "room_restored",
     "room_purged",
+    "room_restricted",
     "member_joined",
     "member_left",
     "member_kicked",
@@ -108,6 +109,7 @@ DATA_MEMBERS = {
     "room_deleted": {"room"},
     "room_restored": {"room"},
     "room_purged": {"room", "backup_sha256", "messages"},
+    "room_restricted": {"room", "allowed"},
     **{t: {"room", "member"} for t in ("member_joined", "member_left", "member_kicked")},
     "presence_set": {"room", "member", "status"},
     "message_posted": {"room", "type", "author", "ref"},
@@ -1132,7 +1134,8 @@ def action(n: int) -> dict[str, Any]:
 
 
 def test_live_log(ctx: Context, results: Results) -> None:
-    log = Log(ctx.base_url, ctx.agent_token)
+    # An approver reads every entry; an agent only its own in full (checked below).
+    log = Log(ctx.base_url, ctx.approver_token)
     jwks = log.jwks()
     keys = load_jwks(jwks)
     key_info = log.get("/api/v1/log/key").json()
@@ -1190,6 +1193,19 @@ def test_live_log(ctx: Context, results: Results) -> None:
     raws = verify_whole_log(log, late)
     STATE.entries = raws
     entries = [json.loads(r) for r in raws]
+
+    # To the agent, the entries about others (here the harness's token_created) are their
+    # index, type and commitments only, whose leaf hash still proves them in the tree;
+    # its own requests' entries are whole.
+    as_agent = Log(ctx.base_url, ctx.agent_token)
+    for i, entry in enumerate(entries):
+        body = as_agent.get(f"/api/v1/log/entries/{i}").json()
+        if entry["subject"] == approved:
+            check(b64_strict(body["entry_base64"], f"entry {i}") == raws[i], f"entry {i} of the agent's own request: {body}")
+        elif entry["type"] == "token_created":
+            check(set(body) == {"index", "leaf_hash", "type", "payload", "redacted"}, f"entry {i} shown to the agent: {sorted(body)}")
+            check(body["redacted"] is True and body["type"] == "token_created", f"entry {i}: {body}")
+            check(b64_strict(body["leaf_hash"], "leaf_hash") == leaf_hash(raws[i]), f"entry {i}: the redacted leaf hash is not the entry's")
 
     # What the doc says the log holds for these subjects.
     def of(subject: str) -> list[dict[str, Any]]:
@@ -1520,7 +1536,7 @@ def test_full_mode_bundle(binary: str, scratch: Path, results: Results) -> None:
         post(ctx, f"/api/v1/requests/{rid}/decision", approver, {"decision": "approved", "comment": "fine", "fields": {"po": "PO-1"}})
         post(ctx, f"/api/v1/requests/{rid}/actions", agent, {"tool": "payments.refund", "details": {"ref": "R-7"}})
         post(ctx, f"/api/v1/requests/{rid}/review", approver, {"verdict": "accepted", "notes": "checked"})
-        log = Log(server.base_url, agent)
+        log = Log(server.base_url, approver)
         # Two token_created and four request events.
         log.wait_for_size(6, "example.com/countersign-test")
         full = download_bundle(ctx, rid, "full")
@@ -1604,7 +1620,7 @@ def test_rooms_and_accounts(ctx: Context, results: Results) -> None:
         "room_created", "member_joined", "message_posted", "question_answered", "room_renamed",
         "room_deleted", "room_restored", "room_purged", "user_created", "user_disabled",
     }
-    log = Log(ctx.base_url, ctx.agent_token)
+    log = Log(ctx.base_url, ctx.approver_token)
     seen: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + 10
     while True:
@@ -1652,7 +1668,7 @@ def test_rooms_and_accounts(ctx: Context, results: Results) -> None:
 def test_whole_log_at_the_end(ctx: Context, results: Results) -> None:
     """After every other test: the whole log again, and that it extends the early checkpoint."""
     check(STATE.early is not None and STATE.late is not None, "test_live_log did not run")
-    log = Log(ctx.base_url, ctx.agent_token)
+    log = Log(ctx.base_url, ctx.approver_token)
     cp = log.verified_checkpoint(STATE.origin)
     raws = verify_whole_log(log, cp)
     check(raws[: STATE.late.size] == STATE.entries, "entries changed since they were first read")

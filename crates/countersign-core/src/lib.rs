@@ -14,6 +14,7 @@ pub mod decision;
 pub mod error;
 pub mod event;
 pub mod evidence;
+pub mod groups;
 pub mod keys;
 pub mod logcheck;
 pub mod merkle;
@@ -30,6 +31,7 @@ pub use action::{Action, ActionDigest};
 pub use decision::{ActionRecord, Decision, DecisionInput, Verdict};
 pub use error::CoreError;
 pub use event::{Event, EventKind, LogEntry, PayloadOpening, SealedEvent};
+pub use groups::Groups;
 pub use keys::{Jwk, Jwks, Signer};
 pub use principal::{Approver, AuthMethod, Channel, Decider, Principal, Role};
 pub use proof::{

@@ -70,6 +70,10 @@ pub(crate) fn written_seq(row: &Row) -> Result<Option<u64>, StoreError> {
 
 pub(crate) const AFTER: &str = "SELECT seq, bytes FROM events WHERE seq > $1 ORDER BY seq LIMIT $2";
 pub(crate) const OF_SUBJECT: &str = "SELECT seq, bytes FROM events WHERE subject = $1 ORDER BY seq";
+pub(crate) const OF_SUBJECT_AFTER: &str =
+    "SELECT seq, bytes FROM events WHERE subject = $1 AND seq > $2 ORDER BY seq LIMIT $3";
+pub(crate) const OF_SUBJECT_BEFORE: &str =
+    "SELECT seq, bytes FROM events WHERE subject = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3";
 pub(crate) const PAYLOADS: &str =
     "SELECT seq, salt, payload FROM payloads WHERE seq = ANY($1::bigint[])";
 pub(crate) const LAST_SEQ: &str = "SELECT last_seq FROM log_head";

@@ -310,6 +310,44 @@ impl Store for PostgresStore {
         events::decode_events(&rows)
     }
 
+    async fn events_of_subject_after(
+        &self,
+        subject: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>> {
+        let (after, limit) = events::after_params(after, limit);
+        let rows = self
+            .pool
+            .query(
+                "read a subject's events",
+                events::OF_SUBJECT_AFTER,
+                &[&subject, &after, &limit],
+            )
+            .await?;
+        events::decode_events(&rows)
+    }
+
+    async fn events_of_subject_before(
+        &self,
+        subject: &str,
+        before: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>> {
+        let (before, limit) = events::after_params(before, limit);
+        let rows = self
+            .pool
+            .query(
+                "read a subject's events",
+                events::OF_SUBJECT_BEFORE,
+                &[&subject, &before, &limit],
+            )
+            .await?;
+        let mut events = events::decode_events(&rows)?;
+        events.reverse();
+        Ok(events)
+    }
+
     async fn payloads(&self, seqs: &[u64]) -> Result<BTreeMap<u64, PayloadOpening>> {
         let wanted = events::payload_seqs(seqs);
         if wanted.is_empty() {

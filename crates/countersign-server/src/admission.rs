@@ -106,10 +106,14 @@ impl PerHolder {
         let mut open = self.open.lock().unwrap_or_else(|p| p.into_inner());
         let n = open.entry(holder.to_string()).or_insert(0);
         if *n >= self.cap {
-            return Err(GateError::RateLimited(format!(
-                "{holder} already has {} {} open, the most allowed at once; let one finish first",
-                self.cap, self.what
-            )));
+            return Err(GateError::RateLimited {
+                message: format!(
+                    "{holder} already has {} {} open, the most allowed at once; let one finish first",
+                    self.cap, self.what
+                ),
+                // Nothing frees one on a schedule; a second is a polite first retry.
+                retry_after_seconds: 1,
+            });
         }
         *n += 1;
         Ok(Held {

@@ -22,10 +22,13 @@ pub enum GateError {
     /// Contended or busy: the same call may succeed when retried.
     #[error("{0}")]
     Unavailable(String),
-    /// The caller has too much of something open or under way at once (its own limit,
-    /// not the server's load): it may retry once some of it finished.
-    #[error("{0}")]
-    RateLimited(String),
+    /// Too many calls of this kind from this caller: the same call succeeds after
+    /// `retry_after_seconds`.
+    #[error("{message}")]
+    RateLimited {
+        message: String,
+        retry_after_seconds: u64,
+    },
     #[error(transparent)]
     Store(StoreError),
     /// Something in this process failed (not the caller's input, not the store).
@@ -122,7 +125,7 @@ impl GateError {
             GateError::Unavailable(_) | GateError::Store(StoreError::Unavailable(_)) => {
                 ErrorKind::Unavailable
             }
-            GateError::RateLimited(_) => ErrorKind::RateLimited,
+            GateError::RateLimited { .. } => ErrorKind::RateLimited,
             GateError::Store(_) | GateError::Internal(_) => ErrorKind::Internal,
         }
     }

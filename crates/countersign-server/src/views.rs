@@ -107,10 +107,10 @@ impl RequestApprovalOutput {
 pub struct ApproverView {
     pub id: String,
     pub display_name: String,
-    /// api, mcp or cli.
-    pub channel: String,
-    /// How the approver authenticated: bearer_token or local_os_user.
-    pub auth_method: String,
+    /// Where the decision was made (every channel countersign decides through).
+    pub channel: countersign_core::Channel,
+    /// How the approver authenticated (every way countersign knows).
+    pub auth_method: countersign_core::AuthMethod,
 }
 
 impl ApproverView {
@@ -118,8 +118,8 @@ impl ApproverView {
         Self {
             id: a.id.clone(),
             display_name: a.display_name.clone(),
-            channel: a.channel.as_str().to_string(),
-            auth_method: enum_str(&a.auth_method),
+            channel: a.channel,
+            auth_method: a.auth_method,
         }
     }
 }
@@ -598,6 +598,9 @@ pub struct RoomView {
     pub created_by: String,
     pub deleted_at: Option<String>,
     pub purged_at: Option<String>,
+    /// Who besides its creator and the people who decide may use it (principal ids
+    /// and `group:<name>`s); empty: anyone.
+    pub allowed: Vec<String>,
     /// In listings: what waits for a person there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attention: Option<countersign_core::rooms::Attention>,
@@ -612,6 +615,7 @@ impl RoomView {
             created_by: room.created_by.clone(),
             deleted_at: room.deleted_at.map(|t| t.to_string()),
             purged_at: room.purged_at.map(|t| t.to_string()),
+            allowed: room.allowed.clone(),
             attention: None,
         }
     }

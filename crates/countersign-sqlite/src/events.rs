@@ -72,6 +72,42 @@ pub(crate) fn of_subject(conn: &Connection, subject: &str) -> Result<Vec<StoredE
     decode_rows(&mut stmt, params![subject])
 }
 
+pub(crate) fn of_subject_after(
+    conn: &Connection,
+    subject: &str,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq, bytes FROM events WHERE subject = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+        )
+        .map_err(db_err("read a subject's events"))?;
+    decode_rows(
+        &mut stmt,
+        params![subject, to_sql_int(after), to_sql_int(limit)],
+    )
+}
+
+pub(crate) fn of_subject_before(
+    conn: &Connection,
+    subject: &str,
+    before: u64,
+    limit: usize,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq, bytes FROM events WHERE subject = ?1 AND seq < ?2 ORDER BY seq DESC LIMIT ?3",
+        )
+        .map_err(db_err("read a subject's events"))?;
+    let mut events = decode_rows(
+        &mut stmt,
+        params![subject, to_sql_int(before), to_sql_int(limit)],
+    )?;
+    events.reverse();
+    Ok(events)
+}
+
 pub(crate) fn payloads(
     conn: &Connection,
     seqs: &[u64],

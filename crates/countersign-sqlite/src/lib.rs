@@ -254,6 +254,35 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn events_of_subject_after(
+        &self,
+        subject: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let subject = subject.to_string();
+        let read = move |conn: &rusqlite::Connection| {
+            events::of_subject_after(conn, &subject, after, limit)
+        };
+        if limit <= SHORT_READ_EVENTS {
+            self.readers.read_now(read).await
+        } else {
+            self.readers.run(read).await
+        }
+    }
+
+    async fn events_of_subject_before(
+        &self,
+        subject: &str,
+        before: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let subject = subject.to_string();
+        self.readers
+            .run(move |conn| events::of_subject_before(conn, &subject, before, limit))
+            .await
+    }
+
     async fn payloads(&self, seqs: &[u64]) -> Result<BTreeMap<u64, PayloadOpening>, StoreError> {
         let seqs = seqs.to_vec();
         self.readers

@@ -162,6 +162,34 @@ pub trait Store: Send + Sync + 'static {
     /// Every event whose subject is `subject`, in order.
     async fn events_of_subject(&self, subject: &str) -> Result<Vec<StoredEvent>, StoreError>;
 
+    /// The events of `subject` with a sequence number above `after`, in order, at most
+    /// `limit`: what is new since a reader last looked, without reading the rest.
+    async fn events_of_subject_after(
+        &self,
+        subject: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let mut events = self.events_of_subject(subject).await?;
+        events.retain(|e| e.seq > after);
+        events.truncate(limit);
+        Ok(events)
+    }
+
+    /// The newest `limit` events of `subject` with a sequence number below `before`,
+    /// in order (oldest first): the end of a long history, and the page before it.
+    async fn events_of_subject_before(
+        &self,
+        subject: &str,
+        before: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let mut events = self.events_of_subject(subject).await?;
+        events.retain(|e| e.seq < before);
+        let skip = events.len().saturating_sub(limit);
+        Ok(events.split_off(skip))
+    }
+
     /// The payload openings of the events with these sequence numbers (those that have
     /// one and whose payload was not erased).
     async fn payloads(&self, seqs: &[u64]) -> Result<BTreeMap<u64, PayloadOpening>, StoreError>;

@@ -33,6 +33,9 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
         session_seconds: config.session_hours * 3600,
         backup_dir: Some(config.data_dir.join("backups")),
         max_waits_per_token: config.server.max_waits_per_token,
+        groups: config.guards.groups.clone(),
+        room_messages_per_minute: config.guards.room_messages_per_minute,
+        pending_per_agent: config.guards.pending_per_agent,
         ..Settings::default()
     };
     let mut builder = Gate::builder(store, config.keys_dir())

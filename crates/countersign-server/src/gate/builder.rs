@@ -129,6 +129,8 @@ impl GateBuilder {
                 clock.clone(),
                 settings.backup_dir.clone(),
                 stopping.clone(),
+                settings.groups.clone(),
+                settings.room_messages_per_minute,
             ),
             store,
             feed,
@@ -138,6 +140,7 @@ impl GateBuilder {
             admission: super::Admission::new(&settings),
             settings,
             stopping,
+            requester_locks: super::KeyedLocks::default(),
         });
         match gate.anchor_existing_keys(&legacy).await {
             Ok(endorsed) if !endorsed.is_empty() => {

@@ -9,6 +9,7 @@ mod evidence;
 mod keys;
 mod recipients;
 mod tokens;
+mod visibility;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -35,6 +36,7 @@ pub use evidence::{Redeemed, ReviewerSettings};
 pub use keys::Trusted;
 pub use recipients::Recipients;
 pub use tokens::NewToken;
+pub use visibility::EntryShown;
 
 /// How often a waiting call reports progress (MCP asks for at least every 10 s).
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
@@ -89,6 +91,12 @@ pub struct Settings {
     /// How many waits (REST long polls, MCP `wait_for_approval`, room waits) one
     /// credential may have open at once.
     pub max_waits_per_token: usize,
+    /// Named groups of principals (`[groups]`), which rooms may be restricted to.
+    pub groups: countersign_core::Groups,
+    /// How many room messages one principal may post per minute (0: no limit).
+    pub room_messages_per_minute: u32,
+    /// How many pending requests one requester may have at once (`None`: no limit).
+    pub pending_per_agent: Option<usize>,
 }
 
 impl Settings {
@@ -117,6 +125,9 @@ impl Default for Settings {
             backup_dir: None,
             session_seconds: DEFAULT_SESSION_SECONDS,
             max_waits_per_token: DEFAULT_MAX_WAITS_PER_TOKEN,
+            groups: countersign_core::Groups::default(),
+            room_messages_per_minute: crate::rooms::DEFAULT_MESSAGES_PER_MINUTE,
+            pending_per_agent: None,
         }
     }
 }
@@ -132,8 +143,30 @@ pub struct Gate {
     settings: Settings,
     /// Cancelled when the process shuts down: waits return the current state at once.
     stopping: CancellationToken,
+    /// Serializes one requester's new requests while a pending limit is checked.
+    requester_locks: KeyedLocks,
     /// Bounds on heavy or long-held work (evidence verification, waits).
     admission: Admission,
+}
+
+/// One async lock per key (a requester), forgotten once nobody holds or waits for it.
+#[derive(Default)]
+pub(crate) struct KeyedLocks(
+    std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+);
+
+impl KeyedLocks {
+    async fn lock(&self, key: &str) -> Result<tokio::sync::OwnedMutexGuard<()>, GateError> {
+        let lock = {
+            let mut locks = self
+                .0
+                .lock()
+                .map_err(|_| GateError::Internal("the requester locks were poisoned".into()))?;
+            locks.retain(|_, l| Arc::strong_count(l) > 1);
+            locks.entry(key.to_string()).or_default().clone()
+        };
+        Ok(lock.lock_owned().await)
+    }
 }
 
 /// Evidence verifications run at once: two, as the smallest deployment has two cores,
@@ -244,7 +277,17 @@ impl Gate {
                 who.id
             )));
         }
+        if let Some(room) = &transition.request.room {
+            self.rooms.check_may_post(who, room).await?;
+        }
         self.check_recipients(&transition.request).await?;
+        // Held until the request is written, so parallel requests from one requester
+        // cannot all pass the limit at once.
+        let _serialized = match self.settings.pending_per_agent {
+            Some(_) => Some(self.requester_locks.lock(&who.id).await?),
+            None => None,
+        };
+        self.check_pending_limit(who, &transition.request).await?;
         match self
             .store
             .create_request(&transition.seal(new_salt()?))
@@ -275,6 +318,47 @@ impl Gate {
                 })
             }
         }
+    }
+
+    /// Refuses a new request from `who` when it already has `pending_per_agent` pending
+    /// (expired ones do not count; a retry of one of them by its idempotency key does
+    /// not count twice). Within one process the check and the write are serialized per
+    /// requester, so parallel calls cannot pass it together; across several instances
+    /// each may admit one request beyond the limit at the same moment.
+    async fn check_pending_limit(
+        &self,
+        who: &Principal,
+        request: &ApprovalRequest,
+    ) -> Result<(), GateError> {
+        let Some(limit) = self.settings.pending_per_agent else {
+            return Ok(());
+        };
+        let now = self.now();
+        let pending = self
+            .store
+            .list_requests(&RequestQuery {
+                status: Some(Status::Pending),
+                requested_by: Some(who.id.clone()),
+                limit: limit.saturating_add(1),
+            })
+            .await?;
+        let live: Vec<&ApprovalRequest> =
+            pending.iter().filter(|r| !r.is_past_expiry(now)).collect();
+        let retry = request.idempotency_key.is_some()
+            && live
+                .iter()
+                .any(|r| r.idempotency_key == request.idempotency_key);
+        if live.len() >= limit && !retry {
+            return Err(GateError::RateLimited {
+                message: format!(
+                    "{} already has {} pending requests, the most one requester may have ([limits] pending_per_agent = {limit}): wait until some are decided, or cancel those no longer needed",
+                    who.id,
+                    live.len()
+                ),
+                retry_after_seconds: 60,
+            });
+        }
+        Ok(())
     }
 
     /// The request as `who` may see it, timed out first if its expiry has passed.

@@ -235,6 +235,7 @@ fn both_surfaces() -> Router<AppState> {
             get(rooms::messages).post(rooms::post_message),
         )
         .route("/rooms/{room}/members", get(rooms::members))
+        .route("/rooms/{room}/access", post(rooms::restrict))
         .route(
             "/rooms/{room}/questions/{id}/answer",
             post(rooms::close::<rooms::AnswerBody>),

@@ -18,7 +18,7 @@ use super::AppState;
 use super::auth::{Admin, Approver, Caller};
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery};
 use crate::error::GateError;
-use crate::gate::{DEFAULT_WAIT_SECONDS, NewToken, wait_time};
+use crate::gate::{DEFAULT_WAIT_SECONDS, EntryShown, NewToken, wait_time};
 use crate::views::{
     ApprovalView, DecisionBody, RedeemOutput, RedeemProofInput, RequestApprovalInput,
     RequestApprovalOutput, RequestView, ReviewOutput, VerifyOutput, VerifyProofInput,
@@ -407,20 +407,29 @@ pub(super) async fn log_key(
     Ok(Json(serde_json::json!({"origin": origin, "keys": keys})))
 }
 
+/// A log entry: whole to who may read it, else its index, type and commitments only
+/// (the leaf hash still proves its place in the tree).
 pub(super) async fn log_entry(
-    Caller { gate, .. }: Caller,
+    Caller { gate, who, .. }: Caller,
     ApiPath(index): ApiPath<u64>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     use base64::Engine;
-    let event = gate.log().entry(index).await?;
-    let leaf = countersign_core::merkle::leaf_hash(&event.bytes);
     let engine = base64::engine::general_purpose::STANDARD;
-    Ok(Json(serde_json::json!({
-        "index": index,
-        "leaf_hash": engine.encode(leaf),
-        "entry_base64": engine.encode(&event.bytes),
-        "entry": event.entry,
-    })))
+    Ok(Json(match gate.log_entry(&who, index).await? {
+        EntryShown::Full(event) => serde_json::json!({
+            "index": index,
+            "leaf_hash": engine.encode(countersign_core::merkle::leaf_hash(&event.bytes)),
+            "entry_base64": engine.encode(&event.bytes),
+            "entry": event.entry,
+        }),
+        EntryShown::Redacted(event) => serde_json::json!({
+            "index": index,
+            "leaf_hash": engine.encode(countersign_core::merkle::leaf_hash(&event.bytes)),
+            "type": event.entry.kind,
+            "payload": event.entry.payload,
+            "redacted": true,
+        }),
+    }))
 }
 
 input!(InclusionParams { index: u64, tree_size: Option<u64> });

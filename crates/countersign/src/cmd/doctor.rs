@@ -1,5 +1,5 @@
 use std::net::TcpListener;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::process::ExitCode;
 
 use clap::Args;
@@ -69,6 +69,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
             } else {
                 r.ok(&format!("data directory {} (mode {mode:o})", dir.display()));
             }
+            owner_check(&r, dir, meta.uid());
         }
         Err(e) => r.fail(&format!("cannot read {}: {e}", dir.display())),
     }
@@ -259,7 +260,7 @@ async fn check_channels(config: &Config, r: &mut Report) {
     let public_is_loopback = reqwest::Url::parse(&config.public_url)
         .ok()
         .and_then(|u| u.host_str().map(str::to_string))
-        .is_some_and(|h| matches!(h.as_str(), "localhost" | "127.0.0.1" | "[::1]"));
+        .is_some_and(|h| countersign_server::hosts::is_loopback(&h));
     match &notify.slack {
         None => r.ok("Slack: not configured"),
         Some(s) => {
@@ -279,6 +280,12 @@ async fn check_channels(config: &Config, r: &mut Report) {
             if public_is_loopback {
                 r.warn(&format!(
                     "Slack: public_url is {}, which Slack cannot reach: set public_url to this server's public https:// address",
+                    config.public_url
+                ));
+            } else {
+                // What doctor can see from here; whether Slack reaches it, Slack says.
+                r.ok(&format!(
+                    "Slack: public_url {} is not a loopback address (doctor cannot tell whether Slack reaches it: Slack checks the Request URL when it is saved in the app's Interactivity settings)",
                     config.public_url
                 ));
             }
@@ -311,21 +318,21 @@ async fn check_channels(config: &Config, r: &mut Report) {
         }
     }
     for w in &notify.webhooks {
+        // Shown redacted: a token in the URL's query or userinfo stays in the config.
+        let shown = countersign_server::notify::webhook::redact_url(&w.url);
         match reqwest::Url::parse(&w.url) {
             Ok(url) if url.host_str().is_some() => {
-                if url.scheme() == "http"
-                    && !matches!(url.host_str(), Some("localhost" | "127.0.0.1" | "[::1]"))
-                {
+                if countersign_server::notify::webhook::is_plain_http_off_machine(&w.url) {
                     r.warn(&format!(
-                        "webhook {}: {} is plain http://; receivers should use https://",
-                        w.name, w.url
+                        "webhook {}: {shown} is plain http:// (allowed by allow_plain_http = true); receivers should use https://",
+                        w.name
                     ));
                 } else {
-                    r.ok(&format!("webhook {}: {}", w.name, w.url));
+                    r.ok(&format!("webhook {}: {shown}", w.name));
                 }
             }
-            Ok(_) => r.fail(&format!("webhook {}: {} has no host", w.name, w.url)),
-            Err(e) => r.fail(&format!("webhook {}: {} is not a URL: {e}", w.name, w.url)),
+            Ok(_) => r.fail(&format!("webhook {}: {shown} has no host", w.name)),
+            Err(e) => r.fail(&format!("webhook {}: {shown} is not a URL: {e}", w.name)),
         }
     }
     let mut routes: Vec<&Route> = notify.default_routes.iter().collect();
@@ -378,6 +385,32 @@ async fn check_approver_accounts(config: &Config, store: &Arc<dyn Store>, r: &mu
             )),
             Err(e) => r.fail(&format!("cannot read accounts: {e}")),
         }
+    }
+}
+
+/// The user who runs this command: under `sudo -u <service user>`, the one who called
+/// sudo (`SUDO_UID`); otherwise this process's user (the owner of `/proc/self`).
+fn current_uid() -> Option<u32> {
+    std::env::var("SUDO_UID")
+        .ok()
+        .and_then(|u| u.parse().ok())
+        .or_else(|| std::fs::metadata("/proc/self").ok().map(|m| m.uid()))
+}
+
+/// Warns when the data directory belongs to the user running this command: an agent
+/// whose shell runs as that user can read the signing key, write the database, decide
+/// from the CLI and change its own client's settings. `serve` belongs under its own OS
+/// user (docs/deployment.md).
+fn owner_check(r: &Report, dir: &std::path::Path, owner: u32) {
+    match current_uid() {
+        Some(me) if me == owner => r.warn(&format!(
+            "the data directory {} is owned by uid {owner}, the user running this command: an agent whose shell runs as this user can read the signing key and edit the database; run `countersign serve` as its own OS user and give agents only a token",
+            dir.display()
+        )),
+        Some(me) => r.ok(&format!(
+            "the data directory belongs to uid {owner}, not to this user (uid {me})"
+        )),
+        None => {}
     }
 }
 

@@ -33,6 +33,10 @@ pub struct FileConfig {
     pub reminders: Option<RemindersSection>,
     pub slack: Option<SlackSection>,
     pub email: Option<EmailSection>,
+    /// Named groups of principals: `ops = ["token:deploy-bot", "user:alice"]`.
+    pub groups: Option<BTreeMap<String, Vec<String>>>,
+    pub rooms: Option<super::guards::RoomsSection>,
+    pub limits: Option<super::guards::LimitsSection>,
 }
 
 /// The keys about the HTTP server, resolved together into the server's `HttpConfig`.
@@ -132,6 +136,8 @@ pub struct WebhookSection {
     pub secret_file: Option<PathBuf>,
     #[serde(default)]
     pub events: Vec<String>,
+    /// Allows a plain `http://` URL to a host other than this machine.
+    pub allow_plain_http: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -11,6 +11,7 @@ mod channels;
 mod database;
 mod env;
 mod file;
+mod guards;
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
@@ -24,6 +25,7 @@ use countersign_server::{HttpConfig, Settings};
 pub use database::Database;
 use env::Env;
 use file::{ChannelSections, FileConfig, HttpKeys, LogSection, ReviewSection, ServerSection};
+pub use guards::Guards;
 
 pub use countersign_server::http::DEFAULT_LISTEN;
 pub const CONFIG_FILE_NAME: &str = "countersign.toml";
@@ -70,6 +72,8 @@ pub struct Config {
     pub keys_dir: PathBuf,
     /// Slack, email, webhooks, reminders.
     pub notify: countersign_server::notify::NotifyConfig,
+    /// `[groups]`, `[rooms]`, `[limits]`: what keeps one agent from crowding out others.
+    pub guards: Guards,
     /// `[server]`: connection timeouts and limits, trusted proxies, waits per token.
     pub server: ServerLimits,
 }
@@ -132,6 +136,9 @@ impl Config {
             reminders,
             slack,
             email,
+            groups,
+            rooms,
+            limits,
         } = file;
 
         let listen = listen_address(overrides, &env, listen)?;
@@ -163,10 +170,13 @@ impl Config {
             slack,
             email,
         };
-        let notify = channels::resolve(channels, &env, &http.public_url)?;
+        let mut notify = channels::resolve(channels, &env, &http.public_url)?;
+        let guards = guards::resolve(groups, rooms, limits)?;
+        notify.digest = guards.digest.clone();
         Ok(Self {
             notify,
             server,
+            guards,
             database,
             keys_dir,
             public_url: http.public_url,

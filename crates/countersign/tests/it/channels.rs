@@ -1629,6 +1629,12 @@ async fn doctor_and_send_test_email_say_what_is_wrong() {
         "{out}"
     );
     assert!(out.stdout.contains("[slack.approvers] is empty"), "{out}");
+    // What it checks of public_url, and says it cannot check (docs/channels.md).
+    assert!(
+        out.stdout
+            .contains("public_url is http://127.0.0.1:8787, which Slack cannot reach"),
+        "{out}"
+    );
     let out = run(&["send-test-email", "--to", "alice@example.com"]).await;
     assert_eq!(out.code, 1, "{out}");
     assert!(out.stdout.contains("FAIL  smtp://127.0.0.1"), "{out}");

@@ -2,7 +2,7 @@
 //! Approve and Reject buttons (`blocks`), updated with `chat.update` once decided, over
 //! the Web API (`api`). The clicks come back to `http::slack`, which checks who clicked.
 
-mod api;
+pub(crate) mod api;
 mod blocks;
 
 use std::collections::BTreeMap;
