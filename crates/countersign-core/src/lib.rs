@@ -7,6 +7,7 @@
 
 pub mod accounts;
 pub mod action;
+pub mod audit;
 pub mod bundle;
 pub mod checkpoint;
 pub mod decision;
