@@ -422,7 +422,8 @@ impl Audit {
             | EventKind::PresenceSet
             | EventKind::MessagePosted
             | EventKind::QuestionAnswered
-            | EventKind::BlockerResolved => {}
+            | EventKind::BlockerResolved
+            | EventKind::AuditMismatch => {}
         }
         Ok(())
     }

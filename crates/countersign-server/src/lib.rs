@@ -5,6 +5,7 @@
 //! which knows nothing of the inbound side. docs/architecture.md has the map.
 
 pub mod accounts;
+pub mod audit;
 pub mod error;
 pub mod gate;
 pub mod hosts;

@@ -46,6 +46,8 @@ pub mod kinds {
     pub const EMAIL_TOKEN: &str = "email.token";
     /// Addresses emailed about a request (`{request_id}/{address}`).
     pub const EMAIL_SENT: &str = "email.sent";
+    /// The scheduled audit's last result (`last`).
+    pub const AUDIT: &str = "audit";
 }
 
 /// Declares a collection: a marker type naming a document kind and its body type.

@@ -303,3 +303,192 @@ async fn log_verify_names_rewritten_rows_on_postgres() {
     std::fs::create_dir_all(&data).unwrap();
     rewritten_rows_are_named(Db::Postgres(db), &data).await;
 }
+
+/// A webhook endpoint: answers 200 to every POST and keeps the bodies.
+async fn receiver() -> (
+    String,
+    std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let bodies = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let kept = bodies.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            let kept = kept.clone();
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                loop {
+                    let Ok(n) = conn.read(&mut chunk).await else {
+                        return;
+                    };
+                    if n == 0 {
+                        return;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    let text = String::from_utf8_lossy(&buf).to_string();
+                    let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                        continue;
+                    };
+                    let length = head
+                        .lines()
+                        .find_map(|l| {
+                            let (k, v) = l.split_once(':')?;
+                            k.eq_ignore_ascii_case("content-length")
+                                .then(|| v.trim().parse::<usize>().ok())?
+                        })
+                        .unwrap_or(0);
+                    if body.len() < length {
+                        continue;
+                    }
+                    if let Ok(v) = serde_json::from_str(&body[..length]) {
+                        kept.lock().unwrap().push(v);
+                    }
+                    let _ = conn
+                        .write_all(
+                            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n",
+                        )
+                        .await;
+                    return;
+                }
+            });
+        }
+    });
+    (url, bodies)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_audits_on_a_schedule_and_reports_a_mismatch() {
+    use std::time::{Duration, Instant};
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("d");
+    let (url, bodies) = receiver().await;
+    std::fs::create_dir_all(&data).unwrap();
+    std::fs::write(
+        data.join("countersign.toml"),
+        format!(
+            "[audit]\ninterval = \"1s\"\n\n[[webhooks]]\nname = \"ops\"\nurl = {url:?}\nsecret = \"whsec_Y3Jhc2gtaGFybmVzcy13ZWJob29rLXNlY3JldA==\"\nevents = [\"audit.mismatch\"]\n"
+        ),
+    )
+    .unwrap();
+    let agent = common::create_token(&data, "agent", "bot").await;
+    let admin = common::create_token(&data, "admin", "root").await;
+    let server = Server::start(&data);
+    let id = server
+        .create_request(
+            &agent,
+            &json!({"action_description": "Pay invoice INV-1", "action_details": {"amount": "10"}}),
+        )
+        .await;
+
+    let audit_of = |token: String| {
+        let server = &server;
+        async move {
+            let (status, body) = server.get("/healthz", Some(&token)).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            body
+        }
+    };
+    // Until the audit has seen the request: ok, for the admin only.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let body = audit_of(admin.clone()).await;
+        let audit = &body["detail"]["audit"];
+        if audit["status"] == "ok" && audit["rows"].as_u64().unwrap_or(0) >= 3 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no ok audit: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let body = audit_of(agent.clone()).await;
+    assert!(
+        body.get("detail").is_none(),
+        "an agent sees the detail: {body}"
+    );
+    let (_, body) = server.get("/healthz", None).await;
+    assert!(
+        body.get("detail").is_none(),
+        "anyone sees the detail: {body}"
+    );
+
+    // Rewritten behind the running server's back.
+    let db = rusqlite::Connection::open(data.join("countersign.db")).unwrap();
+    db.execute(
+        "UPDATE requests SET body = replace(body, 'INV-1', 'INV-666') WHERE id = ?1",
+        [&id],
+    )
+    .unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let audit = loop {
+        let body = audit_of(admin.clone()).await;
+        let audit = body["detail"]["audit"].clone();
+        if audit["status"] == "mismatch" {
+            break audit;
+        }
+        assert!(Instant::now() < deadline, "no mismatch reported: {body}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(audit["differences"], 1, "{audit}");
+    assert_eq!(
+        audit["shown"][0],
+        format!(
+            "requests {id}: action.description is \"Pay invoice INV-666\" in the row, the log says \"Pay invoice INV-1\""
+        ),
+        "{audit}"
+    );
+
+    // The webhook event, naming the row by table and id (never its values).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let hook = loop {
+        let found = bodies
+            .lock()
+            .unwrap()
+            .iter()
+            .find(|b| b["type"] == "audit.mismatch")
+            .cloned();
+        if let Some(hook) = found {
+            break hook;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no audit.mismatch webhook; server stderr:\n{}",
+            server.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    let event = &hook["data"]["event"];
+    assert_eq!(event["differences"], 1, "{hook}");
+    assert_eq!(event["rows"], json!([format!("requests {id}")]), "{hook}");
+    assert_eq!(event["tables"], json!({"requests": 1}), "{hook}");
+    assert!(!hook.to_string().contains("INV-666"), "{hook}");
+
+    // The same mismatch is logged once, however many audits see it.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    let logged: i64 = db
+        .query_row(
+            "SELECT count(*) FROM events WHERE kind = 'audit_mismatch'",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(logged, 1);
+    drop(server);
+
+    // doctor says so too.
+    let out = common::run(&data, &["doctor"]).await;
+    assert_eq!(out.code, 1, "{out}");
+    assert!(
+        out.stdout
+            .lines()
+            .any(|l| l.starts_with("FAIL  the last audit")
+                && l.contains("found 1 difference(s)")
+                && l.contains(&format!("requests {id}"))),
+        "{out}"
+    );
+}
