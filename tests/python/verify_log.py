@@ -80,6 +80,7 @@ ENTRY_TYPES = {
     "message_posted",
     "question_answered",
     "blocker_resolved",
+    "audit_mismatch",
 }
 USER_EVENTS = {"user_created", "user_activated", "user_disabled"}
 ROOM_EVENTS = {t for t in ENTRY_TYPES if t.startswith(("room_", "member_"))} | {
@@ -115,6 +116,7 @@ DATA_MEMBERS = {
     "message_posted": {"room", "type", "author", "ref"},
     "question_answered": {"room", "ref", "author"},
     "blocker_resolved": {"room", "ref", "author"},
+    "audit_mismatch": {"differences", "tables", "rows"},
 }
 # Members of the opened payload by type.
 PAYLOAD_MEMBERS = {
@@ -131,7 +133,7 @@ PAYLOAD_MEMBERS = {
 }
 # Types whose doc row says "committed payload: none".
 NO_PAYLOAD = ENTRY_TYPES - set(PAYLOAD_MEMBERS)
-SUBJECTLESS = {"token_created", "token_revoked", "key_rotated"} | USER_EVENTS
+SUBJECTLESS = {"token_created", "token_revoked", "key_rotated", "audit_mismatch"} | USER_EVENTS
 ROOM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 MESSAGE_TYPES = {"note", "question", "progress", "done", "blocker", "approval"}
 PRESENCE = {"working", "waiting", "blocked", "done", "idle"}

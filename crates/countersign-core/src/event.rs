@@ -53,6 +53,8 @@ pub enum EventKind {
     MessagePosted,
     QuestionAnswered,
     BlockerResolved,
+    /// The scheduled audit found the database disagreeing with the log.
+    AuditMismatch,
 }
 
 impl EventKind {
@@ -87,6 +89,7 @@ impl EventKind {
             EventKind::MessagePosted => "message_posted",
             EventKind::QuestionAnswered => "question_answered",
             EventKind::BlockerResolved => "blocker_resolved",
+            EventKind::AuditMismatch => "audit_mismatch",
         }
     }
 }

@@ -118,3 +118,22 @@ pub(crate) fn decode_last_seq(row: &Row) -> Result<u64, StoreError> {
         .map_err(column_err("the number of the newest event"))?;
     to_u64("the number of the newest event", seq)
 }
+
+/// The openings of events `$1..=$2`, as stored (for the audit).
+pub(crate) const PAYLOADS_BETWEEN: &str = "SELECT seq, salt, payload FROM payloads
+     WHERE seq >= $1::bigint AND seq <= $2::bigint ORDER BY seq";
+
+pub(crate) fn decode_raw_payloads(
+    rows: &[Row],
+) -> Result<Vec<countersign_store::RawPayload>, StoreError> {
+    rows.iter()
+        .map(|row| {
+            let seq: i64 = row.try_get(0).map_err(column_err("a payload's number"))?;
+            Ok(countersign_store::RawPayload {
+                seq: countersign_store::rows::to_u64("a payload's number", seq)?,
+                salt: row.try_get(1).map_err(column_err("a payload's salt"))?,
+                payload: row.try_get(2).map_err(column_err("a payload"))?,
+            })
+        })
+        .collect()
+}

@@ -6,6 +6,7 @@
 
 pub mod accounts;
 pub mod admission;
+pub mod audit;
 pub mod error;
 pub mod gate;
 pub mod hosts;

@@ -158,3 +158,35 @@ pub(crate) fn last_seq(conn: &Connection) -> Result<u64, StoreError> {
         .map_err(db_err("read the last event number"))?;
     to_u64("the number of the newest event", seq.unwrap_or(0))
 }
+
+/// The openings of events `from..=to`, as stored (for the audit).
+pub(crate) fn payloads_between(
+    conn: &Connection,
+    from: u64,
+    to: u64,
+) -> Result<Vec<countersign_store::RawPayload>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq, salt, payload FROM payloads WHERE seq >= ?1 AND seq <= ?2 ORDER BY seq",
+        )
+        .map_err(db_err("read payloads"))?;
+    let rows = stmt
+        .query_map(params![to_sql_int(from), to_sql_int(to)], |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, String>(2)?,
+            ))
+        })
+        .map_err(db_err("read payloads"))?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (seq, salt, payload) = row.map_err(db_err("read payloads"))?;
+        out.push(countersign_store::RawPayload {
+            seq: to_u64("a payload's number", seq)?,
+            salt,
+            payload,
+        });
+    }
+    Ok(out)
+}

@@ -283,6 +283,27 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn requests_after(
+        &self,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<countersign_store::RawRequest>, StoreError> {
+        let after = after.to_string();
+        self.readers
+            .run(move |conn| requests::after(conn, &after, limit))
+            .await
+    }
+
+    async fn payloads_between(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<countersign_store::RawPayload>, StoreError> {
+        self.readers
+            .run(move |conn| events::payloads_between(conn, from, to))
+            .await
+    }
+
     async fn payloads(&self, seqs: &[u64]) -> Result<BTreeMap<u64, PayloadOpening>, StoreError> {
         let seqs = seqs.to_vec();
         self.readers

@@ -48,6 +48,8 @@ pub mod kinds {
     pub const EMAIL_SENT: &str = "email.sent";
     /// New requests per requester and notification window (`{requester}/{start}`).
     pub const NOTIFY_WINDOW: &str = "notify.window";
+    /// The scheduled audit's last result (`last`).
+    pub const AUDIT: &str = "audit";
 }
 
 /// Declares a collection: a marker type naming a document kind and its body type.

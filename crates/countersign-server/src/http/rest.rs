@@ -29,12 +29,18 @@ use crate::views::{
 /// and the server's log, get the rest.
 pub(super) async fn healthz(State(state): State<AppState>, headers: http::HeaderMap) -> Response {
     match state.gate.store().check().await {
-        Ok(()) => Json(serde_json::json!({
-            "status": "ok",
-            "version": env!("CARGO_PKG_VERSION"),
-            "kid": state.gate.keys().signer().kid(),
-        }))
-        .into_response(),
+        Ok(()) => {
+            let mut body = serde_json::json!({
+                "status": "ok",
+                "version": env!("CARGO_PKG_VERSION"),
+                "kid": state.gate.keys().signer().kid(),
+            });
+            // The detail is for admins only: with an admin's bearer token.
+            if let Some(detail) = health_detail(&state, &headers).await {
+                body["detail"] = detail;
+            }
+            Json(body).into_response()
+        }
         Err(err) => {
             tracing::warn!(%err, "health check failed");
             let admin = match super::auth::bearer_token(&headers) {
@@ -57,6 +63,28 @@ pub(super) async fn healthz(State(state): State<AppState>, headers: http::Header
                 .into_response()
         }
     }
+}
+
+/// What `/healthz` adds for an admin: the scheduled audit's last result.
+async fn health_detail(state: &AppState, headers: &http::HeaderMap) -> Option<serde_json::Value> {
+    let token = super::auth::bearer_token(headers).ok()?;
+    let who = state.gate.authenticate(token).await.ok()?;
+    if !who.may(countersign_core::Scope::Admin) {
+        return None;
+    }
+    let audit = match crate::audit::last(&state.gate).await {
+        Ok(Some(status)) => serde_json::json!({
+            "status": if status.ok { "ok" } else { "mismatch" },
+            "at": status.at,
+            "entries": status.entries,
+            "rows": status.rows,
+            "differences": status.differences,
+            "shown": status.shown,
+        }),
+        Ok(None) => serde_json::json!({"status": "not run (see [audit] interval)"}),
+        Err(err) => serde_json::json!({"status": "unreadable", "error": err.to_string()}),
+    };
+    Some(serde_json::json!({"audit": audit}))
 }
 
 pub(super) async fn jwks(State(state): State<AppState>) -> Result<Response, ApiError> {

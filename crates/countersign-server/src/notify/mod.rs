@@ -500,7 +500,7 @@ pub(crate) fn message_id(origin: &str, delivery_id: &str) -> String {
 
 /// The event types notifications are sent for (webhooks subscribe to these), with
 /// the log event each names.
-const NOTIFIED: [(countersign_core::EventKind, &str); 7] = {
+const NOTIFIED: [(countersign_core::EventKind, &str); 8] = {
     use countersign_core::EventKind::*;
     [
         (RequestCreated, "request.created"),
@@ -510,12 +510,13 @@ const NOTIFIED: [(countersign_core::EventKind, &str); 7] = {
         (ActionRecorded, "action.recorded"),
         (ProofRedeemed, "proof.redeemed"),
         (OutcomeRecorded, "outcome.recorded"),
+        (AuditMismatch, "audit.mismatch"),
     ]
 };
 
 /// The event types a webhook may subscribe to.
-pub const EVENT_TYPES: [&str; 7] = {
-    let mut names = [""; 7];
+pub const EVENT_TYPES: [&str; 8] = {
+    let mut names = [""; 8];
     let mut i = 0;
     while i < NOTIFIED.len() {
         names[i] = NOTIFIED[i].1;

@@ -137,6 +137,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
             Err(e) => r.fail(&format!("database {}: {e}", config.database.describe())),
         }
         check_approver_accounts(config, store, &mut r).await;
+        check_audit(config, &**store, &mut r).await;
     }
 
     match KeyRing::open_existing(&config.keys_dir()) {
@@ -411,6 +412,42 @@ fn owner_check(r: &Report, dir: &std::path::Path, owner: u32) {
             "the data directory belongs to uid {owner}, not to this user (uid {me})"
         )),
         None => {}
+    }
+}
+
+/// What the scheduled audit (`[audit] interval`) last found.
+async fn check_audit(config: &Config, store: &dyn Store, r: &mut Report) {
+    let last = match store.doc_get(countersign_store::kinds::AUDIT, "last").await {
+        Ok(doc) => {
+            doc.map(|d| serde_json::from_value::<countersign_server::audit::AuditStatus>(d.body))
+        }
+        Err(e) => {
+            r.fail(&format!("cannot read the last audit: {e}"));
+            return;
+        }
+    };
+    match (last, config.audit_interval) {
+        (Some(Ok(status)), _) if status.ok => r.ok(&format!(
+            "the last audit ({}) held {} rows to {} log entries: they agree",
+            status.at, status.rows, status.entries
+        )),
+        (Some(Ok(status)), _) => {
+            let shown: Vec<&str> = status.shown.iter().take(5).map(String::as_str).collect();
+            r.fail(&format!(
+                "the last audit ({}) found {} difference(s) between the database and its log, e.g. {}; `countersign log verify` names each",
+                status.at,
+                status.differences,
+                shown.join("; ")
+            ));
+        }
+        (Some(Err(e)), _) => r.fail(&format!("the last audit's result does not read: {e}")),
+        (None, Some(every)) => r.ok(&format!(
+            "serve audits the database against the log every {} s (no audit has run yet)",
+            every.as_secs()
+        )),
+        (None, None) => r.ok(
+            "[audit] interval is off: `countersign log verify` holds the database to the log when run",
+        ),
     }
 }
 

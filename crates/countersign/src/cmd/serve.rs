@@ -85,6 +85,13 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
             .clone()
             .run(gate.feed().clone(), shutdown.clone()),
     );
+    if let Some(every) = config.audit_interval {
+        tokio::spawn(countersign_server::audit::run(
+            gate.clone(),
+            every,
+            shutdown.clone(),
+        ));
+    }
     if !config.notify.is_empty() || config.notify.reminders.is_some() {
         let notifier = Arc::new(Notifier::new(gate.clone(), config.notify.clone())?);
         tokio::spawn(notifier.run(gate.feed().clone(), shutdown.clone()));

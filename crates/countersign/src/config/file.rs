@@ -27,6 +27,7 @@ pub struct FileConfig {
     pub log: Option<LogSection>,
     pub evidence: Option<EvidenceSection>,
     pub review: Option<ReviewSection>,
+    pub audit: Option<AuditSection>,
     #[serde(default)]
     pub webhooks: Vec<WebhookSection>,
     pub notify: Option<NotifySection>,
@@ -83,6 +84,14 @@ pub struct LogSection {
 #[serde(deny_unknown_fields)]
 pub struct EvidenceSection {
     pub raw_payload_export: Option<bool>,
+}
+
+/// `[audit]`: how often `serve` holds the database to the log.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSection {
+    /// `off` (the default), or a duration: `30s`, `15m`, `1h`, `1d`.
+    pub interval: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

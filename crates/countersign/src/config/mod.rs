@@ -24,7 +24,9 @@ use countersign_server::{HttpConfig, Settings};
 
 pub use database::Database;
 use env::Env;
-use file::{ChannelSections, FileConfig, HttpKeys, LogSection, ReviewSection, ServerSection};
+use file::{
+    AuditSection, ChannelSections, FileConfig, HttpKeys, LogSection, ReviewSection, ServerSection,
+};
 pub use guards::Guards;
 
 pub use countersign_server::http::DEFAULT_LISTEN;
@@ -76,6 +78,8 @@ pub struct Config {
     pub guards: Guards,
     /// `[server]`: connection timeouts and limits, trusted proxies, waits per token.
     pub server: ServerLimits,
+    /// How often `serve` runs the audit (`[audit] interval`); `None`: never.
+    pub audit_interval: Option<std::time::Duration>,
 }
 
 /// `[server]`, resolved: each default is the server's (`HttpConfig`, `Settings`).
@@ -131,6 +135,7 @@ impl Config {
             log,
             evidence,
             review,
+            audit,
             webhooks,
             notify,
             reminders,
@@ -156,6 +161,7 @@ impl Config {
         let log_origin = log_origin(log)?;
         let mut warnings = Vec::new();
         let reviewer = reviewer(review, &mut warnings)?;
+        let audit_interval = audit_interval(&env, audit)?;
         let database = database::resolve(overrides, &env, database_url, &data_dir)?;
         let feed_poll_ms = database::feed_poll_ms(&env, feed_poll_ms, &database)?;
         let keys_dir = env
@@ -186,6 +192,7 @@ impl Config {
                 .and_then(|e| e.raw_payload_export)
                 .unwrap_or(Settings::default().raw_payload_export),
             reviewer,
+            audit_interval,
             warnings,
             listen,
             data_dir,
@@ -373,6 +380,41 @@ fn log_origin(log: Option<LogSection>) -> anyhow::Result<Option<String>> {
         bail!("[log] origin {origin:?} must be non-empty, without spaces or '+'");
     }
     Ok(origin)
+}
+
+/// `[audit] interval` (or `COUNTERSIGN_AUDIT_INTERVAL`): `off`, or how often `serve`
+/// holds the database to the log, as `30s`, `15m`, `1h` or `1d`.
+fn audit_interval(
+    env: &Env,
+    audit: Option<AuditSection>,
+) -> anyhow::Result<Option<std::time::Duration>> {
+    let text = env
+        .get("COUNTERSIGN_AUDIT_INTERVAL")
+        .or(audit.and_then(|a| a.interval));
+    let Some(text) = text.map(|t| t.trim().to_string()) else {
+        return Ok(None);
+    };
+    if text == "off" {
+        return Ok(None);
+    }
+    let unit = |u: char| match u {
+        's' => Some(1),
+        'm' => Some(60),
+        'h' => Some(3600),
+        'd' => Some(86_400),
+        _ => None,
+    };
+    let seconds = text
+        .char_indices()
+        .last()
+        .and_then(|(i, u)| Some(text[..i].parse::<u64>().ok()?.checked_mul(unit(u)?)?))
+        .filter(|s| *s > 0);
+    match seconds {
+        Some(s) => Ok(Some(std::time::Duration::from_secs(s))),
+        None => bail!(
+            "[audit] interval {text:?} is not a duration: give off, or a number with s, m, h or d (e.g. 1h)"
+        ),
+    }
 }
 
 /// `[review]`: who may record reviews (`reviewer`, a token or a dashboard account), and

@@ -9,6 +9,7 @@
 
 mod common;
 
+mod audit;
 mod browser;
 mod channels;
 mod cli;
