@@ -347,6 +347,16 @@ async fn a_flood_of_room_messages_is_refused_with_a_time_to_retry() {
         .call("post_message", json!({"room": "flood", "text": "again"}))
         .await);
     assert!(refused.starts_with("rate_limited"), "{refused}");
+    let refused = err(&agent
+        .call(
+            "set_presence",
+            json!({"room": "flood", "status": "working"}),
+        )
+        .await);
+    assert!(
+        refused.starts_with("rate_limited"),
+        "presence too: {refused}"
+    );
     // Another token is not slowed by the flood.
     let (status, _) = server
         .post(path, &server.agent2, json!({"text": "hello"}))
