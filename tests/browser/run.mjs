@@ -1278,6 +1278,30 @@ test("rooms: tabs carry live badges for what waits elsewhere, amber for approval
   await context.close();
 });
 
+test("rooms: a long room shows its newest messages at the bottom and loads older ones on demand", async () => {
+  // 250 messages from five agents (one token may post 60 a minute by default).
+  let n = 0;
+  for (let w = 0; w < 5; w++) {
+    const writer = await namedAgent(`chatty-${w}`);
+    for (let j = 0; j < 50; j++, n++) {
+      await writer.callTool("post_message", { room: "long-room", text: `line ${n}`, type: "progress" });
+    }
+  }
+  const context = await adminContext();
+  const page = await openLive(context, "/?room=long-room");
+  await page.locator(".stream .msg.progress", { hasText: "line 249" }).waitFor();
+  const texts = await page.locator(".stream .msg .text").allTextContents();
+  assert.equal(texts[texts.length - 1], "line 249", "the newest message is at the bottom");
+  assert.ok(texts.length <= 200, `one page is shown first, not ${texts.length}`);
+  assert.ok(!texts.includes("line 0"), "the oldest message is not on the first page");
+  await page.locator("#load-older").click();
+  await page.locator(".stream .msg .text", { hasText: /^line 0$/ }).waitFor();
+  const all = await page.locator(".stream .msg .text").allTextContents();
+  assert.deepEqual(all, Array.from({ length: 250 }, (_, i) => `line ${i}`), "every message once, in order");
+  await page.locator("#load-older").waitFor({ state: "detached" });
+  await context.close();
+});
+
 test("rooms on a phone (390x844): NEEDS YOU opens as a bottom sheet and a blocker is resolved there", async () => {
   const agent = await namedAgent("mobile-bot");
   await agent.callTool("post_message", { room: "on-call", text: "Paging is quiet; watching the queue.", type: "progress" });

@@ -170,6 +170,8 @@ impl Rooms {
     ) -> Result<Member, GateError> {
         let room = self.open_room(who, room).await?;
         let note = note.map(|n| rooms::message_text("note", &n)).transpose()?;
+        // Each presence change is a log entry too: limited like a message.
+        self.rate.take(&who.id)?;
         let member = self
             .touch(who, &room.name, Some(status), note.clone())
             .await?;

@@ -347,6 +347,16 @@ async fn a_flood_of_room_messages_is_refused_with_a_time_to_retry() {
         .call("post_message", json!({"room": "flood", "text": "again"}))
         .await);
     assert!(refused.starts_with("rate_limited"), "{refused}");
+    let refused = err(&agent
+        .call(
+            "set_presence",
+            json!({"room": "flood", "status": "working"}),
+        )
+        .await);
+    assert!(
+        refused.starts_with("rate_limited"),
+        "presence too: {refused}"
+    );
     // Another token is not slowed by the flood.
     let (status, _) = server
         .post(path, &server.agent2, json!({"text": "hello"}))
@@ -595,4 +605,48 @@ async fn the_room_list_and_waits_read_only_what_is_new() {
         )
         .await;
     assert_eq!(status, 400);
+}
+
+/// The figure in docs/benchmarks.md ("Room lists"): `GET /api/v1/rooms` over four rooms
+/// as their histories grow. Run with
+/// `cargo test -p countersign-server --test server -- --ignored room_list_cost --nocapture`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, printed; run on purpose"]
+async fn room_list_cost() {
+    let settings = Settings {
+        room_messages_per_minute: 0,
+        ..Settings::default()
+    };
+    let server = start_full(HttpConfig::default(), settings).await;
+    let rooms = server.gate.rooms();
+    let bot = Principal::from_token("deploy-bot", Role::Agent);
+    let mut posted = 0;
+    for target in [100usize, 1_000, 5_000] {
+        while posted < target {
+            for room in ["r1", "r2", "r3", "r4"] {
+                rooms
+                    .post_message(&bot, room, &format!("step {posted}"), "progress")
+                    .await
+                    .unwrap();
+            }
+            posted += 1;
+        }
+        // The first list after new messages reads them; the next ones read nothing.
+        server.get("/api/v1/rooms", &server.approver).await;
+        let read_before = rooms.events_read();
+        let mut times = Vec::new();
+        for _ in 0..50 {
+            let started = std::time::Instant::now();
+            let (status, _) = server.get("/api/v1/rooms", &server.approver).await;
+            assert_eq!(status, 200);
+            times.push(started.elapsed().as_secs_f64() * 1000.0);
+        }
+        times.sort_by(f64::total_cmp);
+        println!(
+            "4 rooms x {target:>5} messages: list p50 {:.2} ms, p99 {:.2} ms, events read per list {}",
+            times[25],
+            times[49],
+            (rooms.events_read() - read_before) / 50
+        );
+    }
 }

@@ -178,7 +178,7 @@ impl Config {
         };
         let mut notify = channels::resolve(channels, &env, &http.public_url)?;
         let guards = guards::resolve(groups, rooms, limits)?;
-        notify.digest = guards.digest.clone();
+        notify.digest = guards.digest;
         Ok(Self {
             notify,
             server,

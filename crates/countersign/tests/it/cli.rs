@@ -379,6 +379,7 @@ async fn stdio_mcp_offers_the_agent_tools_only() {
         "wait_for_feedback",
         "report_blocker",
         "wait_for_resolution",
+        "restrict_room",
     ]
     .into_iter()
     .map(String::from)
