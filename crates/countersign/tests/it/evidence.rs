@@ -429,6 +429,15 @@ async fn a_key_only_in_the_sqlite_database_is_not_trusted_not_published_and_name
     .unwrap();
     drop(db);
     let proof = forged_proof(&decided["proof"], &pending, &intruder);
+    // Nor by `countersign verify`, with the data directory's keys or the JWKS the server
+    // publishes.
+    let file = common::write_json(tmp.path(), "forged.json", &proof);
+    let out = run(&data, &["verify", path_str(&file)]).await;
+    assert!(out.code == 1 && out.stdout.contains("unknown_key"), "{out}");
+    let mut cmd = common::bare_command();
+    cmd.args(["verify", path_str(&file), "--server", &server.base]);
+    let out = common::output(cmd).await;
+    assert!(out.code == 1 && out.stdout.contains("unknown_key"), "{out}");
     check_untrusted(
         &server,
         &agent,
