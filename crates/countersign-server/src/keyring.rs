@@ -178,6 +178,32 @@ impl KeyRing {
         Ok(signers)
     }
 
+    /// Whether these key files already had their first start with anchored keys (when
+    /// the keys published in the database before were endorsed). Kept beside the keys, not
+    /// in the database, so that nobody with only database access can open that window
+    /// again.
+    pub fn anchored(&self) -> bool {
+        self.dir.as_os_str().is_empty() || self.dir.join(ANCHORED).exists()
+    }
+
+    /// Records that the first anchored start is done (see [`KeyRing::anchored`]).
+    pub fn mark_anchored(&self, now: Timestamp) -> Result<(), KeyError> {
+        if self.dir.as_os_str().is_empty() {
+            return Ok(());
+        }
+        let path = self.dir.join(ANCHORED);
+        let text = format!("{{\"anchored_at\": \"{now}\"}}\n");
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&path)
+            .map_err(io_err(&path))?;
+        f.write_all(text.as_bytes()).map_err(io_err(&path))?;
+        f.sync_all().map_err(io_err(&path))
+    }
+
     /// Re-reads the key directory (another process may have rotated the key).
     pub fn reload(&self) -> Result<(), KeyError> {
         if self.dir.as_os_str().is_empty() {
@@ -191,6 +217,9 @@ impl KeyRing {
         Ok(())
     }
 }
+
+/// The file (in the keys directory) that says the first anchored start is done.
+const ANCHORED: &str = "anchored.json";
 
 /// The settings key under which an instance publishes a public key in the database.
 const PUBLISHED: &str = "jwk:";

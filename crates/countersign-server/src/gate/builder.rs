@@ -103,8 +103,13 @@ impl GateBuilder {
                 .map_err(|e| GateError::internal("could not load the signing key", e))?,
         };
         // Before this process publishes its own key: which keys were published before
-        // keys were anchored (fixed once per database).
-        let legacy = super::keys::legacy_keys(&*store).await?;
+        // keys were anchored (fixed once per database), for key files that have not had
+        // their first anchored start yet.
+        let legacy = if keys.anchored() {
+            Vec::new()
+        } else {
+            super::keys::legacy_keys(&*store).await?
+        };
         crate::keyring::publish(&*store, &keys)
             .await
             .map_err(|e| GateError::internal("could not publish the signing key", e))?;

@@ -2,8 +2,10 @@
 //! the log, so that every verifier that trusts the endorser can trace the endorsed key
 //! (see `countersign_core::anchor`). Rotation endorses the new key with the old one; an
 //! operator endorses another instance's key with `countersign keys trust KID`; and on
-//! the first start after an upgrade, the keys published in the database until then are
-//! endorsed once, so an existing deployment of several instances keeps working.
+//! the first start of each keys directory after an upgrade, the keys published in the
+//! database until then are endorsed (once: `keys/anchored.json` records it, beside the
+//! keys, out of reach of whoever can only write to the database), so an existing
+//! deployment of several instances keeps working.
 
 use countersign_core::anchor::Endorsement;
 use countersign_core::{Jwk, Principal, Signer};
@@ -56,9 +58,10 @@ impl Gate {
     }
 
     /// Endorses what the key files and the database held before keys were anchored, so
-    /// trust is traceable in the log: each key file by the one rotated out before it, and
-    /// (once per database: the list is fixed the first time) the keys other instances
-    /// had published by then. Idempotent; returns the key ids it endorsed.
+    /// trust is traceable in the log: each key file by the one rotated out before it, and,
+    /// on the first start of these key files only, the keys other instances had
+    /// published before the database's first anchored start (that list is fixed once per
+    /// database). Idempotent; returns the key ids it endorsed.
     pub(crate) async fn anchor_existing_keys(
         &self,
         legacy: &[String],
@@ -81,6 +84,9 @@ impl Gate {
                 done.push(newer.kid().to_string());
             }
         }
+        if self.keys.anchored() {
+            return Ok(done);
+        }
         let trusted = self.jwks().await?;
         let signer = self.keys.signer();
         for kid in legacy {
@@ -92,6 +98,9 @@ impl Gate {
                 done.push(kid.clone());
             }
         }
+        self.keys
+            .mark_anchored(self.now())
+            .map_err(|e| GateError::internal("could not record the first anchored start", e))?;
         Ok(done)
     }
 }

@@ -429,6 +429,15 @@ async fn a_key_only_in_the_sqlite_database_is_not_trusted_not_published_and_name
     .unwrap();
     drop(db);
     let proof = forged_proof(&decided["proof"], &pending, &intruder);
+    // Nor by `countersign verify`, with the data directory's keys or the JWKS the server
+    // publishes.
+    let file = common::write_json(tmp.path(), "forged.json", &proof);
+    let out = run(&data, &["verify", path_str(&file)]).await;
+    assert!(out.code == 1 && out.stdout.contains("unknown_key"), "{out}");
+    let mut cmd = common::bare_command();
+    cmd.args(["verify", path_str(&file), "--server", &server.base]);
+    let out = common::output(cmd).await;
+    assert!(out.code == 1 && out.stdout.contains("unknown_key"), "{out}");
     check_untrusted(
         &server,
         &agent,
@@ -652,6 +661,8 @@ async fn on_postgres_migrate_endorses_the_keys_published_before_the_upgrade_once
     // its own), and the schema, made where there is no key.
     for dir in [&a, &b] {
         run_ok(dir, &["token", "create", "--role", "agent", "--name", "x"]).await;
+        // Key files of the previous version have no record of an anchored start.
+        std::fs::remove_file(dir.join("keys/anchored.json")).unwrap();
     }
     let out = on(&schema, &db, &["migrate"]).await;
     assert!(out.ok() && !schema.join("keys").exists(), "{out}");
@@ -699,7 +710,8 @@ async fn on_postgres_migrate_endorses_the_keys_published_before_the_upgrade_once
         "one endorsement per instance"
     );
 
-    // After the upgrade, a new row is not endorsed by another migrate.
+    // After the upgrade, a new row is not endorsed by another migrate, even when it is
+    // written into the list of keys published before the upgrade too.
     let intruder = Signer::from_seed([9; 32]);
     let (key, value) = jwk_row(&intruder);
     client
@@ -709,6 +721,15 @@ async fn on_postgres_migrate_endorses_the_keys_published_before_the_upgrade_once
         )
         .await
         .unwrap();
+    let listed = json!([ka, kb, intruder.kid()]).to_string();
+    let changed = client
+        .execute(
+            "UPDATE log_meta SET value = $1 WHERE key = 'anchor:legacy_keys'",
+            &[&listed],
+        )
+        .await
+        .unwrap();
+    assert_eq!(changed, 1);
     let out = on(&a, &db, &["migrate"]).await;
     assert!(out.ok() && out.stdout.contains("2 trusted key(s)"), "{out}");
     let out = on(&a, &db, &["log", "verify"]).await;
