@@ -19,6 +19,7 @@
 mod client;
 mod figures;
 mod instances;
+mod policy;
 mod scale;
 mod throughput;
 mod wake;
@@ -97,6 +98,16 @@ enum Bench {
         /// Log entries to build and verify.
         #[arg(long, default_value_t = 1_000_000)]
         entries: u64,
+    },
+    /// Policy evaluation, in-process: POLICIES generated Cedar policies and the time to
+    /// settle one request against them (docs/policies.md).
+    Policy {
+        /// Policies in the set.
+        #[arg(long, default_value_t = 1_000)]
+        policies: usize,
+        /// Requests to evaluate.
+        #[arg(long, default_value_t = 100_000)]
+        requests: usize,
     },
     /// Start-up time from spawning `countersign serve` to a served /healthz, and the
     /// idle memory after start.
@@ -201,6 +212,7 @@ async fn main() -> anyhow::Result<()> {
             scale::waiters(&bin, count, database.as_deref()).await
         }
         Bench::Verify { proofs, entries } => scale::verify(proofs, entries),
+        Bench::Policy { policies, requests } => policy::run(policies, requests),
         Bench::Startup {
             runs,
             database,
