@@ -485,7 +485,7 @@ fn fix_manifest(files: &mut BTreeMap<String, Vec<u8>>, fix: &Fix) {
         Fix::Listing => {
             manifest.files = files
                 .iter()
-                .filter(|(name, _)| *name != "manifest.json")
+                .filter(|(name, _)| *name != "manifest.json" && *name != "manifest.sig")
                 .map(|(name, bytes)| listing(name, bytes))
                 .collect();
         }

@@ -168,7 +168,7 @@ pub fn sample_bundle(mode: Mode) -> Vec<u8> {
         jwks: signer_jwks(),
         entries,
         decisions: vec![decided.request.proof.clone().unwrap()],
-    })
+    }, &signer())
     .unwrap()
 }
 

@@ -126,7 +126,8 @@ pub fn run(data: &[u8]) {
     }
     if status.is_success() && route.path.ends_with("evidence/verify") {
         let answer: Value = serde_json::from_slice(&response).unwrap();
-        let local = bundle::verify(body, Some(&signer_jwks()));
+        let limits = bundle::ReadLimits::upload(body.len());
+        let local = bundle::verify_within(body, Some(&signer_jwks()), &limits);
         assert_eq!(
             answer["valid"].as_bool(),
             Some(local.valid),

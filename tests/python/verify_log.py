@@ -44,7 +44,10 @@ from harness import Context, Results, Server, check, create_token, http, run_cli
 
 EMPTY_ROOT = hashlib.sha256(b"").digest()
 EM_DASH = "\u2014"
-BUNDLE_FORMAT = "countersign.evidence/v1"
+BUNDLE_FORMAT = "countersign.evidence/v2"
+BUNDLE_FORMAT_V1 = "countersign.evidence/v1"  # unsigned: read, but never proven complete
+MANIFEST_PAYLOAD_TYPE = "application/vnd.countersign.evidence-manifest+json"
+ENDORSEMENT_PAYLOAD_TYPE = "application/vnd.countersign.key-endorsement+json"
 ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 
 ENTRY_TYPES = {
@@ -60,6 +63,7 @@ ENTRY_TYPES = {
     "token_created",
     "token_revoked",
     "key_rotated",
+    "key_endorsed",
     "user_created",
     "user_activated",
     "user_disabled",
@@ -68,6 +72,7 @@ ENTRY_TYPES = {
     "room_deleted",
     "room_restored",
     "room_purged",
+    "room_restricted",
     "member_joined",
     "member_left",
     "member_kicked",
@@ -75,6 +80,8 @@ ENTRY_TYPES = {
     "message_posted",
     "question_answered",
     "blocker_resolved",
+    "audit_mismatch",
+    "policy_set_loaded",
 }
 USER_EVENTS = {"user_created", "user_activated", "user_disabled"}
 ROOM_EVENTS = {t for t in ENTRY_TYPES if t.startswith(("room_", "member_"))} | {
@@ -97,18 +104,25 @@ DATA_MEMBERS = {
     "token_created": {"token_id", "name", "role", "expires_at", "scopes"},
     "token_revoked": {"token_id", "name"},
     "key_rotated": {"old_kid", "new_kid"},
+    "key_endorsed": {"kid", "key", "endorser", "signature"},
     **{t: {"user_id", "username", "role"} for t in USER_EVENTS},
     "room_created": {"room", "title"},
     "room_renamed": {"room", "title"},
     "room_deleted": {"room"},
     "room_restored": {"room"},
     "room_purged": {"room", "backup_sha256", "messages"},
+    "room_restricted": {"room", "allowed"},
     **{t: {"room", "member"} for t in ("member_joined", "member_left", "member_kicked")},
     "presence_set": {"room", "member", "status"},
     "message_posted": {"room", "type", "author", "ref"},
     "question_answered": {"room", "ref", "author"},
     "blocker_resolved": {"room", "ref", "author"},
+    "audit_mismatch": {"differences", "tables", "rows"},
+    "policy_set_loaded": {"policy_set", "files"},
 }
+# `data` members some entries of a type have (docs/policies.md): a request policies sent
+# to people, a decision a policy made.
+OPTIONAL_DATA = {"request_created": {"policy"}, "request_decided": {"policy"}}
 # Members of the opened payload by type.
 PAYLOAD_MEMBERS = {
     "request_created": {"action", "recipient_email", "recipient_slack"},
@@ -121,10 +135,11 @@ PAYLOAD_MEMBERS = {
     "message_posted": {"text"},
     "question_answered": {"text"},
     "blocker_resolved": {"reply"},
+    "policy_set_loaded": {"files"},
 }
 # Types whose doc row says "committed payload: none".
 NO_PAYLOAD = ENTRY_TYPES - set(PAYLOAD_MEMBERS)
-SUBJECTLESS = {"token_created", "token_revoked", "key_rotated"} | USER_EVENTS
+SUBJECTLESS = {"token_created", "token_revoked", "key_rotated", "audit_mismatch", "policy_set_loaded"} | USER_EVENTS
 ROOM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 MESSAGE_TYPES = {"note", "question", "progress", "done", "blocker", "approval"}
 PRESENCE = {"working", "waiting", "blocked", "done", "idle"}
@@ -458,6 +473,9 @@ def parse_entry(raw: bytes, what: str = "entry") -> dict[str, Any]:
     if kind in SUBJECTLESS:
         if subject is not None:
             raise LogError(f"{what}: a {kind} entry has subject {subject!r}, not null")
+    elif kind == "key_endorsed":
+        if subject != "keys":
+            raise LogError(f"{what}: a key_endorsed entry's subject is {subject!r}, not \"keys\"")
     elif kind == "decision_recorded":
         if not (isinstance(subject, str) and subject.startswith("dec_")):
             raise LogError(f"{what}: a decision_recorded entry's subject is {subject!r}")
@@ -469,12 +487,14 @@ def parse_entry(raw: bytes, what: str = "entry") -> dict[str, Any]:
     data = entry["data"]
     if not isinstance(data, dict):
         raise LogError(f"{what}: data is not an object")
-    if set(data) != DATA_MEMBERS[kind]:
+    if not DATA_MEMBERS[kind] <= set(data) <= DATA_MEMBERS[kind] | OPTIONAL_DATA.get(kind, set()):
         raise LogError(f"{what}: {kind} data has {sorted(data)}, the doc lists {sorted(DATA_MEMBERS[kind])}")
     if kind == "request_created" and not (data["room"] is None or isinstance(data["room"], str)):
         raise LogError(f"{what}: room {data['room']!r} is neither a room name nor null")
     if kind in ROOM_EVENTS:
         check_room_data(kind, subject, data, what)
+    if kind == "key_endorsed" and not (isinstance(data["key"], dict) and data["key"].get("kid") == data["kid"]):
+        raise LogError(f"{what}: key_endorsed names {data['kid']!r} but holds {data['key']!r}")
     if kind in USER_EVENTS and data["role"] not in ("approver", "admin"):
         raise LogError(f"{what}: a {kind} entry names role {data['role']!r}")
     if "version" in data:
@@ -641,8 +661,14 @@ def verify_bundle(zip_bytes: bytes, pinned_jwks: Any = None, as_exported: bool =
     expected_members = {"format", "subject", "mode", "log_origin", "tree_size", "entries", "files"}
     if not isinstance(manifest, dict) or set(manifest) != expected_members:
         raise LogError(f"manifest.json members are not {sorted(expected_members)}")
+    if manifest["format"] == BUNDLE_FORMAT_V1:
+        raise LogError(
+            f"the bundle is {BUNDLE_FORMAT_V1}: its manifest is not signed, so it is not proven complete"
+        )
     if manifest["format"] != BUNDLE_FORMAT:
         raise LogError(f"manifest format is {manifest['format']!r}")
+    if "manifest.sig" not in files:
+        raise LogError("no manifest.sig: nothing shows the bundle holds every entry of its subject")
     subject, mode, origin = manifest["subject"], manifest["mode"], manifest["log_origin"]
     tree_size, indices = manifest["tree_size"], manifest["entries"]
     if mode not in ("redacted", "full"):
@@ -659,11 +685,11 @@ def verify_bundle(zip_bytes: bytes, pinned_jwks: Any = None, as_exported: bool =
     for f in manifest["files"]:
         if not (isinstance(f, dict) and set(f) == {"path", "sha256", "size"}):
             raise LogError(f"manifest file record {f!r} is not {{path, sha256, size}}")
-        if f["path"] in listed or f["path"] == "manifest.json":
+        if f["path"] in listed or f["path"] in ("manifest.json", "manifest.sig"):
             raise LogError(f"manifest lists {f['path']} twice (or itself)")
         listed[f["path"]] = f
     for path in names:
-        if path != "manifest.json" and path not in listed:
+        if path not in ("manifest.json", "manifest.sig") and path not in listed:
             problem(f"{path} is in the bundle but not in the manifest")
     for path, f in listed.items():
         if path not in files:
@@ -689,7 +715,7 @@ def verify_bundle(zip_bytes: bytes, pinned_jwks: Any = None, as_exported: bool =
     if as_exported and not (absent or undocumented):
         # The export format (not a validity condition): the documented order, in the ZIP
         # and in the manifest's file list.
-        if names != ["manifest.json"] + expected_paths:
+        if names != ["manifest.json", "manifest.sig"] + expected_paths:
             problem(f"the files are not in the documented order: {names}")
         if [f["path"] for f in manifest["files"]] != expected_paths:
             problem("the manifest lists the files in another order than the documented one")
@@ -718,6 +744,13 @@ def verify_bundle(zip_bytes: bytes, pinned_jwks: Any = None, as_exported: bool =
     except LogError as e:
         problem(f"the pinned keys: {e}")
         keys = {}
+
+    # The manifest's signature: the server's statement that these are every entry of the
+    # subject up to tree_size. Without it, entries could have been left out unseen.
+    try:
+        verify_manifest_signature(files["manifest.sig"], files["manifest.json"], keys)
+    except LogError as e:
+        problem(f"manifest.sig: {e}")
 
     # 3. the checkpoint
     checkpoint = None
@@ -819,6 +852,48 @@ def verify_bundle(zip_bytes: bytes, pinned_jwks: Any = None, as_exported: bool =
     return Bundle(subject, mode, checkpoint, entries, parsed, payloads, statements)
 
 
+def dsse_pae(payload_type: str, body: bytes) -> bytes:
+    t = payload_type.encode()
+    return b"DSSEv1 %d %s %d %s" % (len(t), t, len(body), body)
+
+
+def verify_manifest_signature(sig: bytes, manifest: bytes, keys: dict[str, bytes]) -> str:
+    """manifest.sig: a canonical DSSE envelope whose payload is manifest.json's exact bytes,
+    signed (Ed25519 over PAE) by one of `keys`. Returns the signing kid."""
+    envelope = canonical_json(sig, "manifest.sig")
+    if not (isinstance(envelope, dict) and set(envelope) == {"payloadType", "payload", "signatures"}):
+        raise LogError("not a DSSE envelope {payloadType, payload, signatures}")
+    if envelope["payloadType"] != MANIFEST_PAYLOAD_TYPE:
+        raise LogError(f"payloadType {envelope['payloadType']!r}")
+    if b64_strict(envelope["payload"], "manifest.sig payload") != manifest:
+        raise LogError("it signs another manifest than manifest.json")
+    for signature in envelope["signatures"]:
+        key = keys.get(signature.get("keyid")) if isinstance(signature, dict) else None
+        if key is None:
+            continue
+        try:
+            Ed25519PublicKey.from_public_bytes(key).verify(
+                b64_strict(signature["sig"], "manifest.sig signature"), dsse_pae(MANIFEST_PAYLOAD_TYPE, manifest)
+            )
+            return signature["keyid"]
+        except (InvalidSignature, KeyError):
+            continue
+    raise LogError("no signature by a trusted key: the bundle is not proven complete")
+
+
+def verify_endorsement(entry: dict[str, Any], endorser_key: bytes) -> None:
+    """A key_endorsed entry's signature: Ed25519 by the endorser over the DSSE PAE of the
+    JCS statement {"endorser", "key", "type": "countersign.key-endorsement/v1"}."""
+    data = entry["data"]
+    body = rfc8785.dumps({"type": "countersign.key-endorsement/v1", "endorser": data["endorser"], "key": data["key"]})
+    try:
+        Ed25519PublicKey.from_public_bytes(endorser_key).verify(
+            b64_strict(data["signature"], "endorsement signature"), dsse_pae(ENDORSEMENT_PAYLOAD_TYPE, body)
+        )
+    except InvalidSignature as e:
+        raise LogError(f"the endorsement of {data['kid']} by {data['endorser']} does not verify") from e
+
+
 def repack(zip_bytes: bytes, change: Callable[[dict[str, bytes]], None], fix_manifest: bool = True) -> bytes:
     """The bundle with `change` applied to its files (path -> bytes, in order), written
     as countersign writes them; with `fix_manifest`, the manifest lists the new hashes."""
@@ -830,12 +905,13 @@ def repack(zip_bytes: bytes, change: Callable[[dict[str, bytes]], None], fix_man
         manifest["files"] = [
             {"path": p, "sha256": hashlib.sha256(b).hexdigest(), "size": len(b)}
             for p, b in files.items()
-            if p != "manifest.json"
+            if p not in ("manifest.json", "manifest.sig")
         ]
         files["manifest.json"] = rfc8785.dumps(manifest)
     out = io.BytesIO()
     with zipfile.ZipFile(out, "w", zipfile.ZIP_STORED) as z:
-        for name in ["manifest.json"] + [p for p in files if p != "manifest.json"]:
+        first = [p for p in ("manifest.json", "manifest.sig") if p in files]
+        for name in first + [p for p in files if p not in first]:
             z.writestr(zipfile.ZipInfo(name, date_time=ZIP_EPOCH), files[name])
     return out.getvalue()
 
@@ -1066,7 +1142,8 @@ def action(n: int) -> dict[str, Any]:
 
 
 def test_live_log(ctx: Context, results: Results) -> None:
-    log = Log(ctx.base_url, ctx.agent_token)
+    # An approver reads every entry; an agent only its own in full (checked below).
+    log = Log(ctx.base_url, ctx.approver_token)
     jwks = log.jwks()
     keys = load_jwks(jwks)
     key_info = log.get("/api/v1/log/key").json()
@@ -1124,6 +1201,19 @@ def test_live_log(ctx: Context, results: Results) -> None:
     raws = verify_whole_log(log, late)
     STATE.entries = raws
     entries = [json.loads(r) for r in raws]
+
+    # To the agent, the entries about others (here the harness's token_created) are their
+    # index, type and commitments only, whose leaf hash still proves them in the tree;
+    # its own requests' entries are whole.
+    as_agent = Log(ctx.base_url, ctx.agent_token)
+    for i, entry in enumerate(entries):
+        body = as_agent.get(f"/api/v1/log/entries/{i}").json()
+        if entry["subject"] == approved:
+            check(b64_strict(body["entry_base64"], f"entry {i}") == raws[i], f"entry {i} of the agent's own request: {body}")
+        elif entry["type"] == "token_created":
+            check(set(body) == {"index", "leaf_hash", "type", "payload", "redacted"}, f"entry {i} shown to the agent: {sorted(body)}")
+            check(body["redacted"] is True and body["type"] == "token_created", f"entry {i}: {body}")
+            check(b64_strict(body["leaf_hash"], "leaf_hash") == leaf_hash(raws[i]), f"entry {i}: the redacted leaf hash is not the entry's")
 
     # What the doc says the log holds for these subjects.
     def of(subject: str) -> list[dict[str, Any]]:
@@ -1339,7 +1429,7 @@ def test_evidence_bundles(ctx: Context, results: Results) -> None:
 
     def reorder(files: dict[str, bytes]) -> None:
         manifest = json.loads(files["manifest.json"])
-        order = ["manifest.json", "checkpoint.txt", "jwks.json"]
+        order = ["manifest.json", "manifest.sig", "checkpoint.txt", "jwks.json"]
         order += [f"entries/{i}.json" for i in manifest["entries"]] + [f"proofs/{i}.json" for i in manifest["entries"]]
         order += sorted(p for p in files if p.startswith("decisions/"))
         moved = {p: files.pop(p) for p in list(files)}
@@ -1380,12 +1470,39 @@ def test_evidence_bundles(ctx: Context, results: Results) -> None:
         expect_bug(bug, report.get("valid") is False, f"{what}: countersign's POST /evidence/verify accepts it: {report}", results)
         print(f"    refused ({what}): {message[:150]}")
     expect_failure("a bundle under a pinned JWKS of another key", lambda: verify_bundle(original, jwks_of(Ed25519PrivateKey.generate())))
-    # What the doc says a bundle cannot show: events after its last one. Dropping the last
-    # entry (and listing it no more) leaves a valid bundle of a shorter history.
-    shorter = verify_bundle(repack(original, lambda f: without_entries(f, [last])))
-    check(sorted(shorter.entries) == indices[:-1], "the truncated bundle")
-    check(server_report(ctx, repack(original, lambda f: without_entries(f, [last])))["valid"] is True, "countersign refuses a truncated bundle")
-    print(f"    {checked} bundles verified; {len(cases) + 1} tampered bundles refused; a truncated one is valid, as documented")
+    # A bundle cut short: one entry of the subject left out (the first, one in the middle,
+    # the last), the manifest rewritten to list what is left. The signed manifest no longer
+    # matches, so this verifier and countersign's refuse each; so does the same bundle
+    # called v1 without its signature.
+    middle = indices[len(indices) // 2]
+    check(len(indices) >= 3 and len({first, middle, last}) == 3, f"the approved bundle has entries {indices}")
+
+    def cut(drop: int) -> Callable[[dict[str, bytes]], None]:
+        def change(files: dict[str, bytes]) -> None:
+            without_entries(files, [drop])
+            if drop == decided_at:
+                files.pop("decisions/1.json")
+        return change
+
+    for where, drop in (("first", first), ("middle", middle), ("last", last)):
+        bad = repack(original, cut(drop))
+        expect_failure(f"the {where} entry left out", lambda: verify_bundle(bad), "manifest.sig")
+        expect_failure(f"the {where} entry left out, pinned keys", lambda: verify_bundle(bad, jwks), "manifest.sig")
+        report = server_report(ctx, bad)
+        check(report["valid"] is False and report.get("complete") is False, f"countersign accepts a bundle without its {where} entry: {report}")
+        check(any("manifest.sig" in r for r in report["reasons"]), f"countersign's reasons for the {where} cut: {report['reasons']}")
+        print(f"    refused (the {where} entry, {drop}, left out and the manifest rewritten)")
+
+    def as_v1(files: dict[str, bytes]) -> None:
+        cut(last)(files)
+        files.pop("manifest.sig")
+        edit_manifest(files, format=BUNDLE_FORMAT_V1)
+
+    v1 = repack(original, as_v1)
+    expect_failure("cut and downgraded to v1", lambda: verify_bundle(v1), "not proven complete")
+    report = server_report(ctx, v1)
+    check(report["valid"] is False and any("not proven complete" in r for r in report["reasons"]), f"countersign on a v1 bundle: {report}")
+    print(f"    {checked} bundles verified; {len(cases) + 5} tampered bundles refused, the cut ones among them")
 
 
 # Contract violations found by this verifier in countersign's own bundle verifier, known
@@ -1427,7 +1544,7 @@ def test_full_mode_bundle(binary: str, scratch: Path, results: Results) -> None:
         post(ctx, f"/api/v1/requests/{rid}/decision", approver, {"decision": "approved", "comment": "fine", "fields": {"po": "PO-1"}})
         post(ctx, f"/api/v1/requests/{rid}/actions", agent, {"tool": "payments.refund", "details": {"ref": "R-7"}})
         post(ctx, f"/api/v1/requests/{rid}/review", approver, {"verdict": "accepted", "notes": "checked"})
-        log = Log(server.base_url, agent)
+        log = Log(server.base_url, approver)
         # Two token_created and four request events.
         log.wait_for_size(6, "example.com/countersign-test")
         full = download_bundle(ctx, rid, "full")
@@ -1473,6 +1590,16 @@ def test_full_mode_bundle(binary: str, scratch: Path, results: Results) -> None:
         verify_consistency(bundle.checkpoint.size, after.size, bundle.checkpoint.root, after.root, log.consistency(bundle.checkpoint.size, after.size))
         rotated = [json.loads(log.entry(i)) for i in range(after.size)]
         check(any(e["type"] == "key_rotated" and e["data"]["new_kid"] == new_kid for e in rotated), "no key_rotated entry")
+        # The old key endorses the new one in the log: that is how a verifier that pinned
+        # the old key comes to trust the new.
+        endorsed = [e for e in rotated if e["type"] == "key_endorsed" and e["data"]["kid"] == new_kid]
+        check(len(endorsed) == 1, f"key_endorsed entries for {new_kid}: {endorsed}")
+        old_kid = endorsed[0]["data"]["endorser"]
+        check(old_kid in {k["kid"] for k in jwks["keys"]} and old_kid != new_kid, f"endorsed by {old_kid}")
+        verify_endorsement(endorsed[0], load_jwks(jwks)[old_kid])
+        forged = json.loads(json.dumps(endorsed[0]))
+        forged["data"]["endorser"] = new_kid
+        expect_failure("an endorsement claimed by another key", lambda: verify_endorsement(forged, load_jwks(jwks)[new_kid]), "does not verify")
         verify_whole_log(log, after)
     finally:
         server.stop()
@@ -1501,7 +1628,7 @@ def test_rooms_and_accounts(ctx: Context, results: Results) -> None:
         "room_created", "member_joined", "message_posted", "question_answered", "room_renamed",
         "room_deleted", "room_restored", "room_purged", "user_created", "user_disabled",
     }
-    log = Log(ctx.base_url, ctx.agent_token)
+    log = Log(ctx.base_url, ctx.approver_token)
     seen: dict[str, dict[str, Any]] = {}
     deadline = time.monotonic() + 10
     while True:
@@ -1549,7 +1676,7 @@ def test_rooms_and_accounts(ctx: Context, results: Results) -> None:
 def test_whole_log_at_the_end(ctx: Context, results: Results) -> None:
     """After every other test: the whole log again, and that it extends the early checkpoint."""
     check(STATE.early is not None and STATE.late is not None, "test_live_log did not run")
-    log = Log(ctx.base_url, ctx.agent_token)
+    log = Log(ctx.base_url, ctx.approver_token)
     cp = log.verified_checkpoint(STATE.origin)
     raws = verify_whole_log(log, cp)
     check(raws[: STATE.late.size] == STATE.entries, "entries changed since they were first read")

@@ -16,6 +16,7 @@
 //! [`scale`]); the servers they start are [`instances`], the calls they make [`client`],
 //! and [`figures`] turns measurements into percentiles.
 
+mod audit;
 mod client;
 mod figures;
 mod instances;
@@ -108,6 +109,22 @@ enum Bench {
         /// Requests to evaluate.
         #[arg(long, default_value_t = 100_000)]
         requests: usize,
+    },
+    /// The audit at scale: writes a data directory of ENTRIES log entries (requests
+    /// created, decided and acted on) through the store API, then times `countersign log
+    /// verify` on it (the tree, every payload opening, every row held to the log).
+    Audit {
+        #[arg(long, default_value_t = 1_000_000)]
+        entries: u64,
+        /// Keep the data here (generated if it holds no database yet, reused if it does).
+        #[arg(long, value_name = "DIR")]
+        data_dir: Option<PathBuf>,
+        /// Times to run `log verify`.
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// The countersign binary (default: next to this one).
+        #[arg(long)]
+        bin: Option<PathBuf>,
     },
     /// Start-up time from spawning `countersign serve` to a served /healthz, and the
     /// idle memory after start.
@@ -213,6 +230,15 @@ async fn main() -> anyhow::Result<()> {
         }
         Bench::Verify { proofs, entries } => scale::verify(proofs, entries),
         Bench::Policy { policies, requests } => policy::run(policies, requests),
+        Bench::Audit {
+            entries,
+            data_dir,
+            runs,
+            bin,
+        } => {
+            let bin = binary(bin)?;
+            audit::audit(&bin, entries, data_dir, runs).await
+        }
         Bench::Startup {
             runs,
             database,

@@ -4,6 +4,9 @@
 //! ```text
 //! manifest.json          format, subject, mode, log origin, tree size, entry indices,
 //!                        and the SHA-256 and size of every other file
+//! manifest.sig           the server's DSSE signature over manifest.json's exact bytes:
+//!                        its statement that the entries are every entry of the subject
+//!                        up to the tree size (format v2)
 //! checkpoint.txt         the signed checkpoint every inclusion proof is against
 //! jwks.json              the public keys (current and retired)
 //! entries/<i>.json       the exact bytes of log entry i (the Merkle leaf)
@@ -14,7 +17,12 @@
 //!
 //! Files are stored uncompressed, in that order, with a fixed timestamp, and the manifest
 //! is RFC 8785 JSON, so one subject exported against one checkpoint is always the same
-//! bytes.
+//! bytes (Ed25519 signatures are deterministic).
+//!
+//! The inclusion proofs show each entry is in the log; only the signed manifest shows
+//! none was left out, so a bundle is valid only with a manifest signature by a trusted
+//! key. A v1 bundle (no signature) is still read and checked, but never valid: it is
+//! not proven complete.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::{Cursor, Read, Write};
@@ -31,9 +39,60 @@ use crate::keys::Jwks;
 use crate::merkle::{self, Hash};
 use crate::proof::{self, Envelope, VerifyOptions};
 
-pub const FORMAT: &str = "countersign.evidence/v1";
-/// Refuse archives whose content would exceed this when read (zip bombs).
-const MAX_TOTAL_BYTES: u64 = 256 * 1024 * 1024;
+pub const FORMAT: &str = "countersign.evidence/v2";
+/// The unsigned format before v2: read, checked, and reported as not proven complete.
+pub const FORMAT_V1: &str = "countersign.evidence/v1";
+/// The DSSE payload type of `manifest.sig` (its payload: manifest.json's exact bytes).
+pub const MANIFEST_PAYLOAD_TYPE: &str = "application/vnd.countersign.evidence-manifest+json";
+const MANIFEST_SIG: &str = "manifest.sig";
+
+/// How much an archive may hold once read: a ZIP states its sizes itself, and a small
+/// one can expand to gigabytes (a zip bomb), so reading stops at these bounds whatever
+/// the archive claims. See docs/api.md ("Evidence") for how they were chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ReadLimits {
+    /// Files in the archive.
+    pub max_files: usize,
+    /// The content of any one file, in bytes.
+    pub max_file_bytes: u64,
+    /// The content of all files together, in bytes.
+    pub max_total_bytes: u64,
+}
+
+/// The largest file a real bundle has: the payload opening of a request made at the
+/// request limits (`Limits::default()`: 100 details of 16 KiB with 256-byte keys and a
+/// 4 KiB description, about 1.7 MiB), with room for JSON escaping.
+pub const MAX_FILE_BYTES: u64 = 4 * 1024 * 1024;
+/// How many times its own size an uploaded archive may expand to. Bundles are written
+/// uncompressed (`build`), so a real one expands to at most its own size; 4 also admits
+/// a bundle re-zipped with deflate (its JSON of hashes and base64 compresses about 3
+/// times) and nothing like a bomb (a 254 KB bomb expanded a thousandfold).
+pub const UPLOAD_EXPANSION: u64 = 4;
+/// A file costs at least 76 bytes of headers in a ZIP (30 local, 46 central), so an
+/// upload of `n` bytes holds at most `n / 76` files; this caps it for any upload.
+pub const MAX_UPLOAD_FILES: usize = 50_000;
+
+impl ReadLimits {
+    /// For a bundle on an auditor's own machine (`countersign log verify-bundle`): as
+    /// large as a big room's history can make it, yet never unbounded.
+    pub const OFFLINE: ReadLimits = ReadLimits {
+        max_files: 1_000_000,
+        max_file_bytes: 16 * MAX_FILE_BYTES,
+        max_total_bytes: 256 * 1024 * 1024,
+    };
+
+    /// For a bundle of `archive_len` bytes uploaded to a server (REST
+    /// `/evidence/verify`, MCP `verify_evidence`): at most [`UPLOAD_EXPANSION`] times
+    /// its size in all, [`MAX_FILE_BYTES`] a file, [`MAX_UPLOAD_FILES`] files.
+    pub fn upload(archive_len: usize) -> ReadLimits {
+        let total = (archive_len as u64).saturating_mul(UPLOAD_EXPANSION);
+        ReadLimits {
+            max_files: MAX_UPLOAD_FILES,
+            max_file_bytes: MAX_FILE_BYTES.min(total),
+            max_total_bytes: total,
+        }
+    }
+}
 
 /// What a bundle discloses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -132,8 +191,9 @@ fn canonical<T: Serialize>(value: &T) -> Result<Vec<u8>, BundleError> {
     serde_json_canonicalizer::to_vec(value).map_err(|e| BundleError(e.to_string()))
 }
 
-/// Builds the ZIP. Deterministic: the same input gives the same bytes.
-pub fn build(input: &BundleInput) -> Result<Vec<u8>, BundleError> {
+/// Builds the ZIP, its manifest signed by `signer` (the log's key). Deterministic: the
+/// same input gives the same bytes.
+pub fn build(input: &BundleInput, signer: &crate::Signer) -> Result<Vec<u8>, BundleError> {
     let mut files: Vec<(String, Vec<u8>)> = vec![
         (
             "checkpoint.txt".into(),
@@ -187,9 +247,14 @@ pub fn build(input: &BundleInput) -> Result<Vec<u8>, BundleError> {
         .unix_permissions(0o644);
     let mut zip = zip::ZipWriter::new(Cursor::new(Vec::new()));
     let err = |e: &dyn std::fmt::Display| BundleError(e.to_string());
+    let manifest_bytes = canonical(&manifest)?;
+    let signature = Envelope::sign(MANIFEST_PAYLOAD_TYPE, &manifest_bytes, signer);
     zip.start_file("manifest.json", options)
         .map_err(|e| err(&e))?;
-    zip.write_all(&canonical(&manifest)?).map_err(|e| err(&e))?;
+    zip.write_all(&manifest_bytes).map_err(|e| err(&e))?;
+    zip.start_file(MANIFEST_SIG, options).map_err(|e| err(&e))?;
+    zip.write_all(&canonical(&signature)?)
+        .map_err(|e| err(&e))?;
     for (path, bytes) in &files {
         zip.start_file(path.as_str(), options)
             .map_err(|e| err(&e))?;
@@ -201,7 +266,20 @@ pub fn build(input: &BundleInput) -> Result<Vec<u8>, BundleError> {
 /// The outcome of verifying a bundle.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BundleReport {
+    /// Everything checks out and the bundle is proven complete.
     pub valid: bool,
+    /// The manifest is signed by a trusted key: the bundle holds every entry of its
+    /// subject up to its tree size (false for v1 bundles, which are unsigned).
+    #[serde(default)]
+    pub complete: bool,
+    /// The signatures were checked against keys the verifier pinned (its own copy, a
+    /// server's, a data directory's); false when only the bundle's own jwks.json was
+    /// there to check them against, which proves nothing about who made the bundle.
+    #[serde(default)]
+    pub keys_pinned: bool,
+    /// The key that signed the manifest.
+    #[serde(default)]
+    pub manifest_signed_by: Option<String>,
     /// Every problem found; empty when valid.
     pub reasons: Vec<String>,
     pub subject: Option<String>,
@@ -220,8 +298,17 @@ pub struct BundleReport {
 /// its match with a logged decision. Signatures are checked against `pinned` when given
 /// (an auditor's own copy of the keys), else against the bundle's JWKS.
 pub fn verify(zip_bytes: &[u8], pinned: Option<&Jwks>) -> BundleReport {
+    verify_within(zip_bytes, pinned, &ReadLimits::OFFLINE)
+}
+
+/// [`verify`], reading no more of the archive than `limits` allow: an archive beyond
+/// them is refused with a reason that says which bound it passed.
+pub fn verify_within(zip_bytes: &[u8], pinned: Option<&Jwks>, limits: &ReadLimits) -> BundleReport {
     let mut report = BundleReport {
         valid: false,
+        complete: false,
+        keys_pinned: pinned.is_some(),
+        manifest_signed_by: None,
         reasons: Vec::new(),
         subject: None,
         mode: None,
@@ -230,17 +317,27 @@ pub fn verify(zip_bytes: &[u8], pinned: Option<&Jwks>) -> BundleReport {
         events: Vec::new(),
         decisions: 0,
     };
-    match check(zip_bytes, pinned, &mut report) {
+    match check(zip_bytes, pinned, limits, &mut report) {
         Ok(()) => {}
         Err(fatal) => report.reasons.push(fatal),
     }
-    report.valid = report.reasons.is_empty();
+    report.valid = report.reasons.is_empty() && report.complete;
     report
 }
 
-fn read_archive(zip_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
+fn read_archive(
+    zip_bytes: &[u8],
+    limits: &ReadLimits,
+) -> Result<BTreeMap<String, Vec<u8>>, String> {
     let mut archive = zip::ZipArchive::new(Cursor::new(zip_bytes))
         .map_err(|e| format!("not a readable ZIP archive: {e}"))?;
+    if archive.len() > limits.max_files {
+        return Err(format!(
+            "the archive has {} files; a bundle checked here may have at most {}",
+            archive.len(),
+            limits.max_files
+        ));
+    }
     let mut files = BTreeMap::new();
     let mut total = 0u64;
     for i in 0..archive.len() {
@@ -257,15 +354,39 @@ fn read_archive(zip_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
             .name()
             .map_err(|e| format!("archive entry {i} has an unreadable name: {e}"))?
             .to_string();
-        total = total.saturating_add(file.size());
-        if total > MAX_TOTAL_BYTES {
-            return Err("the archive is larger than a bundle can be".into());
+        // What the archive claims is checked first (cheap), then what reading yields,
+        // since the claim may lie.
+        let too_large = |size: u64, total: u64| {
+            if size > limits.max_file_bytes {
+                Some(format!(
+                    "{name} expands to more than {} bytes; a file of a bundle checked here may have at most that",
+                    limits.max_file_bytes
+                ))
+            } else if total > limits.max_total_bytes {
+                Some(format!(
+                    "the archive expands to more than {} bytes; a bundle checked here may hold at most that (bundles are written uncompressed)",
+                    limits.max_total_bytes
+                ))
+            } else {
+                None
+            }
+        };
+        if let Some(refusal) = too_large(file.size(), total.saturating_add(file.size())) {
+            return Err(refusal);
         }
+        let room = limits
+            .max_file_bytes
+            .min(limits.max_total_bytes.saturating_sub(total));
         let mut bytes = Vec::new();
         (&mut file)
-            .take(MAX_TOTAL_BYTES)
+            .take(room.saturating_add(1))
             .read_to_end(&mut bytes)
             .map_err(|e| format!("{name} is unreadable: {e}"))?;
+        let size = bytes.len() as u64;
+        total = total.saturating_add(size);
+        if let Some(refusal) = too_large(size, total) {
+            return Err(refusal);
+        }
         if files.insert(name.clone(), bytes).is_some() {
             return Err(format!("{name} appears twice in the archive"));
         }
@@ -273,16 +394,23 @@ fn read_archive(zip_bytes: &[u8]) -> Result<BTreeMap<String, Vec<u8>>, String> {
     Ok(files)
 }
 
-fn check(zip_bytes: &[u8], pinned: Option<&Jwks>, report: &mut BundleReport) -> Result<(), String> {
-    let files = read_archive(zip_bytes)?;
+fn check(
+    zip_bytes: &[u8],
+    pinned: Option<&Jwks>,
+    limits: &ReadLimits,
+    report: &mut BundleReport,
+) -> Result<(), String> {
+    let files = read_archive(zip_bytes, limits)?;
     let manifest_bytes = files
         .get("manifest.json")
         .ok_or("manifest.json is missing")?;
     let manifest: Manifest = serde_json::from_slice(manifest_bytes)
         .map_err(|e| format!("manifest.json is not a bundle manifest: {e}"))?;
-    if manifest.format != FORMAT {
-        return Err(format!("unknown bundle format {:?}", manifest.format));
-    }
+    let signed = match manifest.format.as_str() {
+        FORMAT => true,
+        FORMAT_V1 => false,
+        other => return Err(format!("unknown bundle format {other:?}")),
+    };
     report.subject = Some(manifest.subject.clone());
     report.mode = Some(manifest.mode);
     report.log_origin = Some(manifest.log_origin.clone());
@@ -299,7 +427,7 @@ fn check(zip_bytes: &[u8], pinned: Option<&Jwks>, report: &mut BundleReport) -> 
         reasons.push("the manifest lists a file twice".into());
     }
     for (path, bytes) in &files {
-        if path == "manifest.json" {
+        if path == "manifest.json" || (signed && path == MANIFEST_SIG) {
             continue;
         }
         match listed.get(path.as_str()) {
@@ -321,7 +449,10 @@ fn check(zip_bytes: &[u8], pinned: Option<&Jwks>, report: &mut BundleReport) -> 
     let expected: BTreeSet<String> = expected_paths(&manifest, &files);
     for path in listed.keys() {
         if !expected.contains(*path) {
-            reasons.push(format!("{path} is not a file a {FORMAT} bundle has"));
+            reasons.push(format!(
+                "{path} is not a file a {} bundle has",
+                manifest.format
+            ));
         }
     }
 
@@ -360,6 +491,26 @@ fn check(zip_bytes: &[u8], pinned: Option<&Jwks>, report: &mut BundleReport) -> 
         (None, Some(b)) => b.clone(),
         (None, None) => return Ok(()),
     };
+    // The manifest's signature: the server's statement that the bundle is complete.
+    if signed {
+        match files.get(MANIFEST_SIG) {
+            None => reasons.push(format!(
+                "{MANIFEST_SIG} is missing: nothing shows the bundle holds every entry of its subject"
+            )),
+            Some(bytes) => match check_manifest_signature(bytes, manifest_bytes, &jwks) {
+                Ok(kid) => {
+                    report.complete = true;
+                    report.manifest_signed_by = Some(kid);
+                }
+                Err(problem) => reasons.push(format!("{MANIFEST_SIG}: {problem}")),
+            },
+        }
+    } else {
+        reasons.push(format!(
+            "the bundle is {FORMAT_V1}, whose manifest is not signed: it is not proven complete (an entry of its subject may have been left out); export it again for a signed {FORMAT} bundle"
+        ));
+    }
+    let reasons = &mut report.reasons;
     let note = files
         .get("checkpoint.txt")
         .and_then(|b| String::from_utf8(b.clone()).ok())
@@ -525,20 +676,44 @@ fn check(zip_bytes: &[u8], pinned: Option<&Jwks>, report: &mut BundleReport) -> 
     Ok(())
 }
 
-/// A published key is exactly what countersign publishes: Ed25519, named by its
-/// thumbprint, for signatures.
-fn check_published_key(key: &crate::keys::Jwk) -> Result<(), String> {
-    key.verifying_key().map_err(|e| e.to_string())?;
-    if key.kid != crate::keys::thumbprint(&key.x) {
+use crate::anchor::check_published_key;
+
+/// Checks `manifest.sig`: exactly a DSSE envelope of the manifest's exact bytes, signed
+/// by a key of `jwks`. Returns the signing key's id.
+fn check_manifest_signature(sig: &[u8], manifest: &[u8], jwks: &Jwks) -> Result<String, String> {
+    let envelope: Envelope =
+        parse_exact(sig).ok_or("not exactly a DSSE envelope in canonical form")?;
+    if envelope.payload_type != MANIFEST_PAYLOAD_TYPE {
         return Err(format!(
-            "key {} is not named by its RFC 7638 thumbprint",
-            key.kid
+            "payloadType is {:?}, expected {MANIFEST_PAYLOAD_TYPE:?}",
+            envelope.payload_type
         ));
     }
-    if key.alg.as_deref() != Some("EdDSA") || key.use_.as_deref() != Some("sig") {
-        return Err(format!("key {} is not an EdDSA signing key", key.kid));
+    if STANDARD.decode(&envelope.payload).ok().as_deref() != Some(manifest) {
+        return Err("it signs another manifest than manifest.json".into());
     }
-    Ok(())
+    let message = proof::pae(MANIFEST_PAYLOAD_TYPE, manifest);
+    for signature in &envelope.signatures {
+        let Some(key) = jwks.find(&signature.keyid) else {
+            continue;
+        };
+        let (Ok(public), Some(sig)) = (
+            key.verifying_key(),
+            STANDARD
+                .decode(&signature.sig)
+                .ok()
+                .and_then(|b| <[u8; 64]>::try_from(b).ok()),
+        ) else {
+            continue;
+        };
+        if public
+            .verify_strict(&message, &ed25519_dalek::Signature::from_bytes(&sig))
+            .is_ok()
+        {
+            return Ok(key.kid.clone());
+        }
+    }
+    Err("no signature by a trusted key: the bundle is not proven complete".into())
 }
 
 /// Parses a bundle file as `T` only if `T` written back canonically is exactly the
@@ -587,12 +762,26 @@ pub(crate) mod tests {
 
     /// A log with two requests' events interleaved and a bundle for the first one.
     pub(crate) fn sample(mode: Mode) -> Vec<u8> {
+        sample_by(mode, &signer())
+    }
+
+    /// The same, made entirely with `key`: the checkpoint, the proof, the manifest.
+    pub(crate) fn sample_by(mode: Mode, key: &crate::Signer) -> Vec<u8> {
         let limits = Limits::default();
         let first = pending();
         let other =
             crate::ApprovalRequest::create("req_2".into(), new_request(), &agent(), t0(), &limits)
                 .unwrap();
-        let decided = decide(&first, Verdict::Approved, t0());
+        let mut decided = decide(&first, Verdict::Approved, t0());
+        if key.kid() != signer().kid()
+            && let Some(statement) = decided
+                .request
+                .proof
+                .as_ref()
+                .and_then(|p| p.unverified_statement())
+        {
+            decided.request.proof = Some(Envelope::sign_statement(&statement, key));
+        }
         let used = decided
             .request
             .record_action("pay".into(), Default::default(), &agent(), t0(), &limits)
@@ -637,18 +826,21 @@ pub(crate) mod tests {
                 payload: sealed[i as usize].payload.clone(),
             })
             .collect();
-        build(&BundleInput {
-            subject: "req_1".into(),
-            mode,
-            log_origin: "countersign/test".into(),
-            checkpoint_note: checkpoint.sign(&signer()),
-            tree_size: size,
-            jwks: Jwks {
-                keys: vec![signer().jwk()],
+        build(
+            &BundleInput {
+                subject: "req_1".into(),
+                mode,
+                log_origin: "countersign/test".into(),
+                checkpoint_note: checkpoint.sign(key),
+                tree_size: size,
+                jwks: Jwks {
+                    keys: vec![key.jwk()],
+                },
+                entries,
+                decisions: vec![decided.request.proof.clone().unwrap()],
             },
-            entries,
-            decisions: vec![decided.request.proof.clone().unwrap()],
-        })
+            key,
+        )
         .unwrap()
     }
 
@@ -695,7 +887,7 @@ pub(crate) mod tests {
         edit: impl Fn(&mut Vec<u8>),
         fix_manifest: bool,
     ) -> Vec<u8> {
-        let mut files = read_archive(bytes).unwrap();
+        let mut files = read_archive(bytes, &ReadLimits::OFFLINE).unwrap();
         let mut manifest: Manifest = serde_json::from_slice(&files["manifest.json"]).unwrap();
         let content = files.get_mut(path).unwrap();
         edit(content);
@@ -753,7 +945,7 @@ pub(crate) mod tests {
                 "{path} altered with a fixed manifest still verified"
             );
         }
-        let mut files = read_archive(&bytes).unwrap();
+        let mut files = read_archive(&bytes, &ReadLimits::OFFLINE).unwrap();
         files.insert("extra.txt".into(), b"hi".to_vec());
         let report = verify(&repack(&files), None);
         assert!(
@@ -761,7 +953,7 @@ pub(crate) mod tests {
             "{:?}",
             report.reasons
         );
-        let mut files = read_archive(&bytes).unwrap();
+        let mut files = read_archive(&bytes, &ReadLimits::OFFLINE).unwrap();
         files.remove("entries/2.json");
         let report = verify(&repack(&files), None);
         assert!(
@@ -777,7 +969,7 @@ pub(crate) mod tests {
     #[test]
     fn leaving_out_an_event_of_the_subject_is_detected() {
         let bytes = sample(Mode::Redacted);
-        let mut files = read_archive(&bytes).unwrap();
+        let mut files = read_archive(&bytes, &ReadLimits::OFFLINE).unwrap();
         let mut manifest: Manifest = serde_json::from_slice(&files["manifest.json"]).unwrap();
         files.remove("entries/2.json");
         files.remove("proofs/2.json");
@@ -796,6 +988,204 @@ pub(crate) mod tests {
             "{:?}",
             report.reasons
         );
+    }
+
+    /// The bundle with entry `index` and its files left out, and the manifest rewritten
+    /// to list what is left (its signature cannot be rewritten without the key).
+    fn cut(bytes: &[u8], index: u64) -> Vec<u8> {
+        let mut files = read_archive(bytes, &ReadLimits::OFFLINE).unwrap();
+        let mut manifest: Manifest = serde_json::from_slice(&files["manifest.json"]).unwrap();
+        let mut gone = vec![
+            format!("entries/{index}.json"),
+            format!("proofs/{index}.json"),
+        ];
+        if index == 2 {
+            gone.push("decisions/1.json".into());
+        }
+        for path in &gone {
+            files.remove(path);
+        }
+        manifest.entries.retain(|i| *i != index);
+        manifest.files.retain(|f| !gone.contains(&f.path));
+        files.insert("manifest.json".into(), canonical(&manifest).unwrap());
+        repack(&files)
+    }
+
+    #[test]
+    fn a_bundle_cut_at_the_start_middle_or_end_is_not_complete() {
+        let bytes = sample(Mode::Redacted);
+        let pinned = Jwks {
+            keys: vec![signer().jwk()],
+        };
+        for index in [0, 2, 4] {
+            for keys in [None, Some(&pinned)] {
+                let report = verify(&cut(&bytes, index), keys);
+                assert!(!report.valid && !report.complete, "cut {index}: {report:?}");
+                assert!(
+                    report
+                        .reasons
+                        .iter()
+                        .any(|r| r.contains("manifest.sig") && r.contains("another manifest")),
+                    "cut {index}: {:?}",
+                    report.reasons
+                );
+            }
+        }
+        // Signed again by another key: complete under that key only, never under the
+        // pinned one.
+        let other = crate::Signer::from_seed([9; 32]);
+        let mut files = read_archive(&cut(&bytes, 4), &ReadLimits::OFFLINE).unwrap();
+        let resigned = Envelope::sign(MANIFEST_PAYLOAD_TYPE, &files["manifest.json"], &other);
+        files.insert(MANIFEST_SIG.into(), canonical(&resigned).unwrap());
+        let report = verify(&repack(&files), Some(&pinned));
+        assert!(!report.valid && !report.complete, "{report:?}");
+        assert!(
+            report
+                .reasons
+                .iter()
+                .any(|r| r.contains("no signature by a trusted key")),
+            "{:?}",
+            report.reasons
+        );
+        // Without the signature at all.
+        let mut files = read_archive(&cut(&bytes, 4), &ReadLimits::OFFLINE).unwrap();
+        files.remove(MANIFEST_SIG);
+        let report = verify(&repack(&files), None);
+        assert!(
+            !report.valid
+                && report
+                    .reasons
+                    .iter()
+                    .any(|r| r.contains("manifest.sig is missing")),
+            "{:?}",
+            report.reasons
+        );
+    }
+
+    #[test]
+    fn a_complete_bundle_reports_its_signer_and_whether_keys_were_pinned() {
+        let bytes = sample(Mode::Redacted);
+        let report = verify(&bytes, None);
+        assert!(
+            report.valid && report.complete && !report.keys_pinned,
+            "{report:?}"
+        );
+        assert_eq!(report.manifest_signed_by.as_deref(), Some(signer().kid()));
+        let pinned = Jwks {
+            keys: vec![signer().jwk()],
+        };
+        let report = verify(&bytes, Some(&pinned));
+        assert!(report.valid && report.keys_pinned, "{report:?}");
+    }
+
+    #[test]
+    fn a_bundle_made_with_a_foreign_key_is_valid_only_unpinned() {
+        let foreign = crate::Signer::from_seed([9; 32]);
+        let bytes = sample_by(Mode::Redacted, &foreign);
+        let unpinned = verify(&bytes, None);
+        assert!(unpinned.valid && !unpinned.keys_pinned, "{unpinned:?}");
+        let pinned = verify(
+            &bytes,
+            Some(&Jwks {
+                keys: vec![signer().jwk()],
+            }),
+        );
+        assert!(!pinned.valid && !pinned.complete, "{pinned:?}");
+    }
+
+    #[test]
+    fn a_v1_bundle_is_read_but_not_proven_complete() {
+        let bytes = sample(Mode::Redacted);
+        let mut files = read_archive(&bytes, &ReadLimits::OFFLINE).unwrap();
+        let mut manifest: Manifest = serde_json::from_slice(&files["manifest.json"]).unwrap();
+        manifest.format = FORMAT_V1.into();
+        files.remove(MANIFEST_SIG);
+        files.insert("manifest.json".into(), canonical(&manifest).unwrap());
+        let report = verify(&repack(&files), None);
+        assert!(!report.valid && !report.complete, "{report:?}");
+        assert_eq!(report.reasons.len(), 1, "{:?}", report.reasons);
+        assert!(report.reasons[0].contains("not proven complete"));
+        assert_eq!(
+            report.events,
+            vec!["request_created", "request_decided", "action_recorded"]
+        );
+    }
+
+    /// One file of `size` zeros, deflated: a few KB that expand to `size` bytes.
+    pub(crate) fn bomb(size: usize) -> Vec<u8> {
+        let options =
+            SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        let mut zip = zip::ZipWriter::new(Cursor::new(Vec::new()));
+        zip.start_file("manifest.json", options).unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        for _ in 0..size / chunk.len() {
+            zip.write_all(&chunk).unwrap();
+        }
+        zip.finish().unwrap().into_inner()
+    }
+
+    #[test]
+    fn a_zip_bomb_is_refused_before_it_expands() {
+        let bomb = bomb(64 * 1024 * 1024);
+        assert!(bomb.len() < 200 * 1024, "{} bytes", bomb.len());
+        let report = verify_within(&bomb, None, &ReadLimits::upload(bomb.len()));
+        assert!(!report.valid);
+        assert_eq!(report.reasons.len(), 1, "{:?}", report.reasons);
+        assert!(
+            report.reasons[0].contains("manifest.json expands to more than"),
+            "{:?}",
+            report.reasons
+        );
+        // Past the total: many files that are each small enough.
+        let mut files = BTreeMap::new();
+        for i in 0..3 {
+            files.insert(format!("entries/{i}.json"), vec![b' '; 1000]);
+        }
+        let stored = repack(&files);
+        let tight = ReadLimits {
+            max_files: 10,
+            max_file_bytes: 1000,
+            max_total_bytes: 2500,
+        };
+        let report = verify_within(&stored, None, &tight);
+        assert!(
+            report.reasons[0].contains("the archive expands to more than 2500 bytes"),
+            "{:?}",
+            report.reasons
+        );
+        let few = ReadLimits {
+            max_files: 2,
+            ..tight
+        };
+        let report = verify_within(&stored, None, &few);
+        assert!(
+            report.reasons[0].contains("has 3 files; a bundle checked here may have at most 2"),
+            "{:?}",
+            report.reasons
+        );
+    }
+
+    #[test]
+    fn real_bundles_pass_the_upload_limits() {
+        for mode in [Mode::Redacted, Mode::Full] {
+            let bytes = sample(mode);
+            let report = verify_within(&bytes, None, &ReadLimits::upload(bytes.len()));
+            assert!(report.valid, "{mode:?}: {:?}", report.reasons);
+        }
+        // Re-zipped with deflate, a real bundle still fits.
+        let bytes = sample(Mode::Full);
+        let files = read_archive(&bytes, &ReadLimits::OFFLINE).unwrap();
+        let options =
+            SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+        let mut zip = zip::ZipWriter::new(Cursor::new(Vec::new()));
+        for (path, content) in &files {
+            zip.start_file(path.as_str(), options).unwrap();
+            zip.write_all(content).unwrap();
+        }
+        let deflated = zip.finish().unwrap().into_inner();
+        assert!(deflated.len() < bytes.len());
+        let report = verify_within(&deflated, None, &ReadLimits::upload(deflated.len()));
+        assert!(report.valid, "{:?}", report.reasons);
     }
 
     #[test]

@@ -36,6 +36,7 @@ pub enum EventKind {
     TokenCreated,
     TokenRevoked,
     KeyRotated,
+    KeyEndorsed,
     UserCreated,
     UserActivated,
     UserDisabled,
@@ -44,6 +45,7 @@ pub enum EventKind {
     RoomDeleted,
     RoomRestored,
     RoomPurged,
+    RoomRestricted,
     MemberJoined,
     MemberLeft,
     MemberKicked,
@@ -51,6 +53,10 @@ pub enum EventKind {
     MessagePosted,
     QuestionAnswered,
     BlockerResolved,
+    /// The scheduled audit found the database disagreeing with the log.
+    AuditMismatch,
+    /// A policy set was loaded (its digest, file names, and their text in the payload).
+    PolicySetLoaded,
 }
 
 impl EventKind {
@@ -68,6 +74,7 @@ impl EventKind {
             EventKind::TokenCreated => "token_created",
             EventKind::TokenRevoked => "token_revoked",
             EventKind::KeyRotated => "key_rotated",
+            EventKind::KeyEndorsed => "key_endorsed",
             EventKind::UserCreated => "user_created",
             EventKind::UserActivated => "user_activated",
             EventKind::UserDisabled => "user_disabled",
@@ -76,6 +83,7 @@ impl EventKind {
             EventKind::RoomDeleted => "room_deleted",
             EventKind::RoomRestored => "room_restored",
             EventKind::RoomPurged => "room_purged",
+            EventKind::RoomRestricted => "room_restricted",
             EventKind::MemberJoined => "member_joined",
             EventKind::MemberLeft => "member_left",
             EventKind::MemberKicked => "member_kicked",
@@ -83,6 +91,8 @@ impl EventKind {
             EventKind::MessagePosted => "message_posted",
             EventKind::QuestionAnswered => "question_answered",
             EventKind::BlockerResolved => "blocker_resolved",
+            EventKind::AuditMismatch => "audit_mismatch",
+            EventKind::PolicySetLoaded => "policy_set_loaded",
         }
     }
 }
@@ -229,14 +239,21 @@ impl Event {
             request,
             request.requested_at,
             Some(request.requested_by.id.clone()),
-            json!({
-                "action_digest": request.action_digest,
-                "requested_by": request.requested_by,
-                "expires_at": request.expires_at,
-                "valid_for_seconds": request.valid_for_seconds,
-                "requested_fields": request.requested_fields,
-                "room": request.room,
-            }),
+            {
+                let mut data = json!({
+                    "action_digest": request.action_digest,
+                    "requested_by": request.requested_by,
+                    "expires_at": request.expires_at,
+                    "valid_for_seconds": request.valid_for_seconds,
+                    "requested_fields": request.requested_fields,
+                    "room": request.room,
+                });
+                // Why policies sent it to people, when they did.
+                if let Some(policy) = &request.policy {
+                    data["policy"] = json!(policy);
+                }
+                data
+            },
             Some(json!({
                 "action": request.action,
                 "recipient_email": request.recipient_email,
@@ -246,19 +263,24 @@ impl Event {
     }
 
     pub fn decided(request: &ApprovalRequest, decision: &Decision) -> Self {
+        let mut data = json!({
+            "decision": decision.decision,
+            "authorization_type": decision.authorization_type,
+            "approvers": decision.approvers,
+            "action_digest": request.action_digest,
+            "valid_until": decision.valid_until,
+            "nonce": decision.nonce,
+        });
+        // Only a rule's decision names a policy; a person's entry keeps its shape.
+        if let Some(policy) = &decision.policy {
+            data["policy"] = json!(policy);
+        }
         Self::about(
             EventKind::RequestDecided,
             request,
             decision.decided_at,
             decision.approvers.first().map(|a| a.id.clone()),
-            json!({
-                "decision": decision.decision,
-                "authorization_type": decision.authorization_type,
-                "approvers": decision.approvers,
-                "action_digest": request.action_digest,
-                "valid_until": decision.valid_until,
-                "nonce": decision.nonce,
-            }),
+            data,
             Some(json!({"comment": decision.comment, "fields": decision.fields})),
         )
     }

@@ -7,12 +7,15 @@
 
 pub mod accounts;
 pub mod action;
+pub mod anchor;
+pub mod audit;
 pub mod bundle;
 pub mod checkpoint;
 pub mod decision;
 pub mod error;
 pub mod event;
 pub mod evidence;
+pub mod groups;
 pub mod keys;
 pub mod logcheck;
 pub mod merkle;
@@ -29,13 +32,16 @@ pub use action::{Action, ActionDigest};
 pub use decision::{ActionRecord, Decision, DecisionInput, Verdict};
 pub use error::CoreError;
 pub use event::{Event, EventKind, LogEntry, PayloadOpening, SealedEvent};
+pub use groups::Groups;
 pub use keys::{Jwk, Jwks, Signer};
 pub use principal::{Approver, AuthMethod, Channel, Decider, Principal, Role};
 pub use proof::{
-    AuthorizationType, Envelope, Problem, ProblemCode, Statement, VerifyOptions, VerifyReport,
+    AuthorizationType, Envelope, PolicyRef, Problem, ProblemCode, Statement, VerifyOptions,
+    VerifyReport,
 };
 pub use request::{
-    ApprovalRequest, Limits, NewRequest, RequestId, SealedTransition, Status, Transition,
+    ApprovalRequest, Limits, NewRequest, PolicyHold, RequestId, SealedTransition, Status,
+    Transition,
 };
 pub use scope::{Scope, Scopes};
 pub use time::{Clock, FixedClock, SystemClock, Timestamp};

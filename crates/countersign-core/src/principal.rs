@@ -66,6 +66,7 @@ impl std::fmt::Display for Role {
 
 /// How a principal proved who it is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum AuthMethod {
     /// A countersign bearer token (`countersign token create`), checked by the server.
@@ -85,6 +86,7 @@ pub enum AuthMethod {
 
 /// Where a decision was made.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "schema", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum Channel {
     /// The REST API.

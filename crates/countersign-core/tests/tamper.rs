@@ -9,8 +9,8 @@
 //!
 //! Everything is built in memory with the core API: 60 requests from three agents, decided
 //! (approved or rejected), timed out, cancelled, used, with outcomes and reviews; two
-//! autonomous decisions; token events; a key rotation halfway through (so checkpoints and
-//! decision proofs are signed by two keys). Each event is sealed with its own salt, the
+//! autonomous decisions; token events; a key rotation halfway through, endorsed by the old
+//! key (so checkpoints and decision proofs are signed by two keys). Each event is sealed with its own salt, the
 //! tree is integrated with `merkle::CompactRange` and several checkpoints are signed.
 //!
 //! The campaign spans three categories:
@@ -29,7 +29,9 @@
 //!   directory entries) is deliberately not mutated: the manifest binds the files' names
 //!   and contents, not the container, so a bundle re-zipped by any tool carries the same
 //!   evidence and must still verify. Changing the container is not tampering with the
-//!   evidence.
+//!   evidence. Bundles are also cut short: an entry of the subject left out and the
+//!   manifest rewritten, with the old signature, as an unsigned v1 bundle, or signed again
+//!   with a key of one's own (refused by pinned keys; unpinned, reported as not pinned).
 //! - **proof**: inclusion and consistency proofs (`merkle::verify_inclusion`,
 //!   `merkle::verify_consistency`), checkpoint notes (`Checkpoint::verify`) and DSSE
 //!   decision proofs (`proof::verify`).
@@ -222,6 +224,8 @@ impl Tally {
 // The log, its checkpoints, proofs and bundles, built in memory.
 
 struct Fixture {
+    /// The key that signs bundle manifests (the newest, as the server's would).
+    signer: Signer,
     jwks: Jwks,
     sealed: Vec<SealedEvent>,
     nodes: HashMap<NodeId, Hash>,
@@ -336,6 +340,11 @@ fn build_fixture() -> Fixture {
         Some(operator.id.clone()),
         json!({"old_kid": old_key.kid(), "new_kid": new_key.kid()}),
     ));
+    // The rotation's endorsement: the old key vouching for the new one.
+    events.push(
+        countersign_core::anchor::Endorsement::sign(&new_key.jwk(), &old_key)
+            .event(rotation_at, Some(operator.id.clone())),
+    );
 
     let descriptions = [
         "Transfer GBP to a supplier",
@@ -532,6 +541,7 @@ fn build_fixture() -> Fixture {
     };
 
     let mut fixture = Fixture {
+        signer: new_key.clone(),
         jwks,
         sealed,
         nodes,
@@ -591,20 +601,23 @@ fn make_bundle(
             payload: s.payload.clone(),
         })
         .collect();
-    let bytes = bundle::build(&BundleInput {
-        subject: subject.into(),
-        mode,
-        log_origin: ORIGIN.into(),
-        checkpoint_note: note.clone(),
-        tree_size: *size,
-        jwks: fx.jwks.clone(),
-        entries,
-        decisions: envelopes
-            .iter()
-            .filter(|(s, _)| s == subject)
-            .map(|(_, e)| e.clone())
-            .collect(),
-    })
+    let bytes = bundle::build(
+        &BundleInput {
+            subject: subject.into(),
+            mode,
+            log_origin: ORIGIN.into(),
+            checkpoint_note: note.clone(),
+            tree_size: *size,
+            jwks: fx.jwks.clone(),
+            entries,
+            decisions: envelopes
+                .iter()
+                .filter(|(s, _)| s == subject)
+                .map(|(_, e)| e.clone())
+                .collect(),
+        },
+        &fx.signer,
+    )
     .unwrap();
     let files = Files::unpack(&bytes);
     BundleCase {
@@ -964,7 +977,7 @@ fn mutate_bundle(
         .filter(|p| *p != "manifest.json")
         .cloned()
         .collect();
-    Some(match rng.below(13) {
+    Some(match rng.below(16) {
         0 => {
             let path = rng.pick(&all).clone();
             let bytes = files.get_mut(&path);
@@ -1100,6 +1113,60 @@ fn mutate_bundle(
                 format!("{path}: {how}"),
             )
         }
+        13..=15 => {
+            // Leave out one entry of the subject (the first, one in the middle or the
+            // last) with its proof and opening, and rewrite the manifest to list what is
+            // left; then keep the old signature, drop it and call the bundle v1, or sign
+            // the new manifest with a key of one's own (added to jwks.json).
+            let entries = files.manifest().entries;
+            if entries.len() < 2 {
+                return None;
+            }
+            let (where_, n) = match rng.below(3) {
+                0 => ("the first", 0),
+                1 => ("a middle", entries.len() / 2),
+                _ => ("the last", entries.len() - 1),
+            };
+            let index = entries[n];
+            let mut manifest = files.manifest();
+            for dir in ["entries", "proofs", "payloads"] {
+                let path = format!("{dir}/{index}.json");
+                if files.has(&path) {
+                    files.remove(&path);
+                }
+                manifest.files.retain(|f| f.path != path);
+            }
+            manifest.entries.retain(|i| *i != index);
+            let signature = match rng.below(3) {
+                0 => "the signature kept",
+                1 => {
+                    manifest.format = bundle::FORMAT_V1.into();
+                    files.remove("manifest.sig");
+                    "downgraded to v1 without its signature"
+                }
+                _ => {
+                    let foreign = Signer::from_seed(rng.bytes32());
+                    let mut jwks: Jwks = serde_json::from_slice(files.get("jwks.json")).unwrap();
+                    jwks.keys.push(foreign.jwk());
+                    *files.get_mut("jwks.json") = serde_json_canonicalizer::to_vec(&jwks).unwrap();
+                    for f in &mut manifest.files {
+                        if f.path == "jwks.json" {
+                            *f = manifest_line("jwks.json", files.get("jwks.json"));
+                        }
+                    }
+                    let bytes = serde_json_canonicalizer::to_vec(&manifest).unwrap();
+                    let sig = Envelope::sign(bundle::MANIFEST_PAYLOAD_TYPE, &bytes, &foreign);
+                    *files.get_mut("manifest.sig") =
+                        serde_json_canonicalizer::to_vec(&sig).unwrap();
+                    FOREIGN_SIGNATURE
+                }
+            };
+            files.set_manifest(&manifest);
+            (
+                "leave out an entry of the subject, manifest rewritten",
+                format!("{where_} entry ({index}), {signature}"),
+            )
+        }
         11 => {
             let payloads = files.paths_under("payloads/");
             if case.mode != Mode::Full || payloads.is_empty() {
@@ -1141,6 +1208,9 @@ fn mutate_bundle(
     })
 }
 
+/// Marks the mutations signed with a key the bundle brings along.
+const FOREIGN_SIGNATURE: &str = "signed again with a foreign key added to jwks.json";
+
 fn bundle_campaign(fx: &Fixture, rng: &mut Rng, quota: usize) -> Tally {
     const CAT: &str = "bundle";
     let mut tally = Tally::default();
@@ -1158,7 +1228,11 @@ fn bundle_campaign(fx: &Fixture, rng: &mut Rng, quota: usize) -> Tally {
         let bytes = files.repack();
         let own = bundle::verify(&bytes, None);
         let pinned = bundle::verify(&bytes, Some(&fx.jwks));
-        tally.record(CAT, class, !own.valid && !pinned.valid, || {
+        // A bundle signed with a key it brings along agrees with its own jwks.json: only
+        // pinned keys can refuse it, and unpinned, the verifier says the keys are not
+        // pinned (`keys_pinned: false`) rather than plainly valid.
+        let own_refuses = !own.valid || (what.contains(FOREIGN_SIGNATURE) && !own.keys_pinned);
+        tally.record(CAT, class, own_refuses && !pinned.valid, || {
             format!(
                 "bundle {}: {what}; valid with its own keys: {}, with pinned keys: {} ({:?})",
                 case.name,

@@ -11,7 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use countersign_core::{Principal, Role};
+use countersign_core::{Principal, Role, Scope, Scopes};
+use countersign_server::gate::NewToken;
 use countersign_server::notify::{Notifier, NotifyConfig, WebhookConfig};
 use countersign_server::{Gate, HttpConfig, Settings};
 use countersign_sqlite::SqliteStore;
@@ -21,6 +22,8 @@ use tokio_util::sync::CancellationToken;
 
 /// The log origin of every harness data directory.
 pub const ORIGIN: &str = "countersign/crash-harness";
+/// The executor token's name: it redeems approved proofs, racing the agents' actions.
+pub const EXECUTOR: &str = "executor-0";
 /// The name of the one webhook the harness configures.
 pub const WEBHOOK: &str = "receiver";
 /// `countersign serve`'s default change-feed poll interval.
@@ -83,13 +86,31 @@ pub async fn init(
     let gate = open(data_dir).await?;
     let setup = Principal::local_user("crash-harness", Role::Admin);
     let mut tokens = serde_json::Map::new();
+    // Agents and the executor have an expiry and scopes (their `token_created` entries
+    // record both), approvers neither; one token is revoked at once.
     let names = (0..agents)
         .map(|n| (format!("agent-{n}"), Role::Agent))
-        .chain((0..approvers).map(|n| (format!("approver-{n}"), Role::Approver)));
+        .chain((0..approvers).map(|n| (format!("approver-{n}"), Role::Approver)))
+        .chain([(EXECUTOR.to_string(), Role::Executor)]);
     for (name, role) in names {
-        let (_, secret) = gate.create_token(&name, role, &setup).await?;
+        let mut new = NewToken::new(&name, role);
+        match role {
+            Role::Agent => {
+                new.expires = Some("30d".into());
+                new.scopes = Some(Scopes::of([Scope::Request, Scope::Verify]));
+            }
+            Role::Executor => {
+                new.expires = Some("30d".into());
+                new.scopes = Some(Scopes::of([Scope::Redeem]));
+            }
+            _ => {}
+        }
+        let (_, secret) = gate.create_token_as(new, &setup).await?;
         tokens.insert(name, secret.into());
     }
+    gate.create_token("retired-bot", Role::Agent, &setup)
+        .await?;
+    gate.revoke_token("retired-bot", &setup).await?;
     let notifier = Notifier::new(gate.clone(), notify_config(webhook_url, secret, 0))?;
     notifier.plan_new_events().await?;
     let cursor = gate.store().last_event_seq().await?;

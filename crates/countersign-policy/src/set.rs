@@ -45,9 +45,25 @@ pub struct PolicySet {
     pub(crate) by_action: HashMap<String, cedar_policy::PolicySet>,
     /// The policies that name no action: all that may apply to an action no policy names.
     pub(crate) any_action: cedar_policy::PolicySet,
+    /// Whether a policy reads `context.agent` (the caller then counts the agent's
+    /// requests; otherwise it need not).
+    reads_agent: bool,
 }
 
 impl PolicySet {
+    /// No policies: every request goes to a person.
+    pub fn empty() -> Self {
+        Self {
+            files: Vec::new(),
+            digest: digest(&[]),
+            schema_text: schema::base_schema(),
+            info: HashMap::new(),
+            by_action: HashMap::new(),
+            any_action: cedar_policy::PolicySet::new(),
+            reads_agent: false,
+        }
+    }
+
     /// Parses, names and validates the files. An empty list is a valid, empty set (every
     /// request then goes to a person, as without policies).
     pub fn load(files: Vec<PolicyFile>) -> Result<Self, PolicyError> {
@@ -115,6 +131,7 @@ impl PolicySet {
 
         let mut actions = BTreeSet::from([crate::DEFAULT_ACTION.to_string()]);
         let mut keys = BTreeSet::new();
+        let mut reads_agent = false;
         for policy in &policies {
             for uid in action_names(&policy.action_constraint()) {
                 actions.insert(uid);
@@ -123,6 +140,7 @@ impl PolicySet {
                 .to_json()
                 .map_err(|e| PolicyError::Schema(e.to_string()))?;
             detail_keys(&est, &mut keys);
+            reads_agent |= reads_context(&est, "agent");
         }
         let schema_text = schema::generate(&actions, &keys);
         let (schema, _) = cedar_policy::Schema::from_cedarschema_str(&schema_text)
@@ -182,7 +200,13 @@ impl PolicySet {
             info,
             by_action,
             any_action,
+            reads_agent,
         })
+    }
+
+    /// Whether any policy reads `context.agent` (the agent's request counts).
+    pub fn reads_agent_counts(&self) -> bool {
+        self.reads_agent
     }
 
     /// `sha256:<hex>` of the RFC 8785 canonical JSON of `[{"name", "text"}, ...]`, in the
@@ -253,6 +277,29 @@ fn detail_keys(est: &serde_json::Value, keys: &mut BTreeSet<String>) {
             }
         }
         _ => {}
+    }
+}
+
+/// Whether `context.<attr>` appears anywhere in a policy's JSON form.
+fn reads_context(est: &serde_json::Value, attr: &str) -> bool {
+    match est {
+        serde_json::Value::Object(map) => {
+            for op in [".", "has"] {
+                if let Some(inner) = map.get(op)
+                    && inner
+                        .get("left")
+                        .and_then(|l| l.get("Var"))
+                        .and_then(|v| v.as_str())
+                        == Some("context")
+                    && inner.get("attr").and_then(|a| a.as_str()) == Some(attr)
+                {
+                    return true;
+                }
+            }
+            map.values().any(|v| reads_context(v, attr))
+        }
+        serde_json::Value::Array(items) => items.iter().any(|v| reads_context(v, attr)),
+        _ => false,
     }
 }
 
@@ -380,5 +427,12 @@ mod tests {
         );
         assert!(set.schema().contains("\"env name\"?: String"));
         assert!(set.schema().contains("\"rate\"?: decimal"));
+        assert!(!set.reads_agent_counts());
+        let counts = PolicySet::load(vec![file(
+            "c.cedar",
+            "forbid(principal, action, resource) when { context.agent.recent > 50 };",
+        )])
+        .unwrap();
+        assert!(counts.reads_agent_counts());
     }
 }

@@ -70,6 +70,10 @@ pub(crate) fn written_seq(row: &Row) -> Result<Option<u64>, StoreError> {
 
 pub(crate) const AFTER: &str = "SELECT seq, bytes FROM events WHERE seq > $1 ORDER BY seq LIMIT $2";
 pub(crate) const OF_SUBJECT: &str = "SELECT seq, bytes FROM events WHERE subject = $1 ORDER BY seq";
+pub(crate) const OF_SUBJECT_AFTER: &str =
+    "SELECT seq, bytes FROM events WHERE subject = $1 AND seq > $2 ORDER BY seq LIMIT $3";
+pub(crate) const OF_SUBJECT_BEFORE: &str =
+    "SELECT seq, bytes FROM events WHERE subject = $1 AND seq < $2 ORDER BY seq DESC LIMIT $3";
 pub(crate) const PAYLOADS: &str =
     "SELECT seq, salt, payload FROM payloads WHERE seq = ANY($1::bigint[])";
 pub(crate) const LAST_SEQ: &str = "SELECT last_seq FROM log_head";
@@ -113,4 +117,23 @@ pub(crate) fn decode_last_seq(row: &Row) -> Result<u64, StoreError> {
         .try_get(0)
         .map_err(column_err("the number of the newest event"))?;
     to_u64("the number of the newest event", seq)
+}
+
+/// The openings of events `$1..=$2`, as stored (for the audit).
+pub(crate) const PAYLOADS_BETWEEN: &str = "SELECT seq, salt, payload FROM payloads
+     WHERE seq >= $1::bigint AND seq <= $2::bigint ORDER BY seq";
+
+pub(crate) fn decode_raw_payloads(
+    rows: &[Row],
+) -> Result<Vec<countersign_store::RawPayload>, StoreError> {
+    rows.iter()
+        .map(|row| {
+            let seq: i64 = row.try_get(0).map_err(column_err("a payload's number"))?;
+            Ok(countersign_store::RawPayload {
+                seq: countersign_store::rows::to_u64("a payload's number", seq)?,
+                salt: row.try_get(1).map_err(column_err("a payload's salt"))?,
+                payload: row.try_get(2).map_err(column_err("a payload"))?,
+            })
+        })
+        .collect()
 }

@@ -310,6 +310,73 @@ impl Store for PostgresStore {
         events::decode_events(&rows)
     }
 
+    async fn events_of_subject_after(
+        &self,
+        subject: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>> {
+        let (after, limit) = events::after_params(after, limit);
+        let rows = self
+            .pool
+            .query(
+                "read a subject's events",
+                events::OF_SUBJECT_AFTER,
+                &[&subject, &after, &limit],
+            )
+            .await?;
+        events::decode_events(&rows)
+    }
+
+    async fn events_of_subject_before(
+        &self,
+        subject: &str,
+        before: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>> {
+        let (before, limit) = events::after_params(before, limit);
+        let rows = self
+            .pool
+            .query(
+                "read a subject's events",
+                events::OF_SUBJECT_BEFORE,
+                &[&subject, &before, &limit],
+            )
+            .await?;
+        let mut events = events::decode_events(&rows)?;
+        events.reverse();
+        Ok(events)
+    }
+
+    async fn requests_after(
+        &self,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<countersign_store::RawRequest>> {
+        let limit = countersign_store::rows::to_sql_int(limit);
+        let rows = self
+            .pool
+            .query("read requests", requests::AFTER, &[&after, &limit])
+            .await?;
+        requests::decode_raw(&rows)
+    }
+
+    async fn payloads_between(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<countersign_store::RawPayload>> {
+        let (from, to) = (
+            countersign_store::rows::to_sql_int(from),
+            countersign_store::rows::to_sql_int(to),
+        );
+        let rows = self
+            .pool
+            .query("read payloads", events::PAYLOADS_BETWEEN, &[&from, &to])
+            .await?;
+        events::decode_raw_payloads(&rows)
+    }
+
     async fn payloads(&self, seqs: &[u64]) -> Result<BTreeMap<u64, PayloadOpening>> {
         let wanted = events::payload_seqs(seqs);
         if wanted.is_empty() {

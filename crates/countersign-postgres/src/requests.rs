@@ -183,3 +183,26 @@ pub(crate) fn decode_bodies(rows: &[Row]) -> Result<Vec<ApprovalRequest>, StoreE
         })
         .collect()
 }
+
+/// Request rows after `$1` by id, as stored (for the audit).
+pub(crate) const AFTER: &str = "SELECT id, version, status, requested_by, idempotency_key,
+        requested_at, expires_at, body::text FROM requests
+     WHERE id > $1::text ORDER BY id LIMIT $2::bigint";
+
+pub(crate) fn decode_raw(rows: &[Row]) -> Result<Vec<countersign_store::RawRequest>, StoreError> {
+    rows.iter()
+        .map(|row| {
+            let what = column_err("a stored request");
+            Ok(countersign_store::RawRequest {
+                id: row.try_get(0).map_err(&what)?,
+                version: row.try_get(1).map_err(&what)?,
+                status: row.try_get(2).map_err(&what)?,
+                requested_by: row.try_get(3).map_err(&what)?,
+                idempotency_key: row.try_get(4).map_err(&what)?,
+                requested_at: row.try_get(5).map_err(&what)?,
+                expires_at: row.try_get(6).map_err(&what)?,
+                body: row.try_get(7).map_err(&what)?,
+            })
+        })
+        .collect()
+}

@@ -26,7 +26,10 @@ const TYPES = ["note", "question", "progress", "done", "blocker", "approval", "a
 const STATE_LABEL = { waiting: "waiting", blocked: "blocked", done: "done", working: "working", idle: "idle" };
 
 export function createRooms({ api, me, openRequest }) {
-  const state = { active: false, rooms: [], room: null, filter: new Set(), showTrash: false };
+  const state = { active: false, rooms: [], room: null, filter: new Set(), showTrash: false, older: { room: null, messages: [], before: null } };
+  // The newest messages of a room are shown (newest at the bottom); older pages are
+  // loaded on demand and kept while the room stays selected.
+  const PAGE = 200;
   // The same breakpoint as app.css's phone layout.
   const narrow = window.matchMedia("(max-width: 899px)");
   narrow.addEventListener("change", () => render());
@@ -129,10 +132,14 @@ export function createRooms({ api, me, openRequest }) {
       document.getElementById("detail-body").replaceChildren();
       return;
     }
-    const [messages, members] = await Promise.all([
-      api(`/ui/api/rooms/${encodeURIComponent(state.room)}/messages?limit=1000`),
+    const [latest, members] = await Promise.all([
+      api(`/ui/api/rooms/${encodeURIComponent(state.room)}/messages?latest=true&limit=${PAGE}`),
       api(`/ui/api/rooms/${encodeURIComponent(state.room)}/members`),
     ]);
+    if (state.older.room !== state.room) state.older = { room: state.room, messages: [], before: latest.older_before ?? null };
+    else if (!state.older.messages.length) state.older.before = latest.older_before ?? null;
+    const first = latest.messages.length ? latest.messages[0].seq : Infinity;
+    const messages = { ...latest, messages: [...state.older.messages.filter((m) => m.seq < first), ...latest.messages] };
     const side = await sidePanel(messages, members.members);
     const kept = keepDrafts();
     // On a phone the third pane (NEEDS YOU and the roster) is the bottom sheet; a bar at
@@ -142,9 +149,27 @@ export function createRooms({ api, me, openRequest }) {
       ? el("button", { type: "button", class: `btn sheet-open${waiting ? " attention" : ""}`, id: "room-sheet-open", onclick: () => openSheet() },
           waiting ? `Needs you (${waiting}) and roster` : "Roster")
       : null;
-    items.replaceChildren(...[sheetBar, filters(), stream(messages.messages), postBox(messages.room), createForm()].filter(Boolean));
+    items.replaceChildren(...[sheetBar, filters(), olderButton(), stream(messages.messages), postBox(messages.room), createForm()].filter(Boolean));
     document.getElementById("detail-body").replaceChildren(...side.nodes);
     kept();
+  }
+
+  // "Load older": the page before the oldest message shown.
+  function olderButton() {
+    if (state.older.before === null || state.older.before === undefined) return null;
+    const status = el("div", { role: "alert" });
+    const load = async () => {
+      try {
+        const page = await api(`/ui/api/rooms/${encodeURIComponent(state.room)}/messages?before=${state.older.before}&limit=${PAGE}`);
+        state.older.messages = [...page.messages, ...state.older.messages];
+        state.older.before = page.older_before ?? null;
+      } catch (err) {
+        failed(status, err);
+        return;
+      }
+      render();
+    };
+    return el("div", { class: "older" }, el("button", { type: "button", class: "btn small", id: "load-older", onclick: load }, "Load older messages"), status);
   }
 
   function filters() {

@@ -14,7 +14,7 @@ use countersign_core::accounts::{
 };
 use countersign_core::token::hash_token;
 use countersign_core::{Clock, Event, EventKind, Principal, Role, SealedEvent};
-use countersign_store::{Docs, Store, StoreError, Stored, collection, kinds};
+use countersign_store::{Docs, Step, Store, StoreError, Stored, collection, kinds};
 use serde_json::json;
 
 use crate::error::GateError;
@@ -45,6 +45,24 @@ collection!(
     /// instances), exactly one creates the admin. The body is the claiming username.
     SetupClaimDocs: kinds::SETUP_CLAIM => String
 );
+
+/// The id of the one setup link [`Accounts::setup_link_once`] keeps.
+const SETUP_LINK_ID: &str = "setup";
+
+/// What [`Accounts::setup_link_once`] found or made.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SetupLink {
+    /// A new link's token.
+    New(String),
+    /// A link printed before still works until then (its token is not stored, only
+    /// its hash, so it cannot be shown again).
+    Pending {
+        expires_at: countersign_core::Timestamp,
+    },
+}
+
+/// What every refused sign-in says (see [`Accounts::sign_in`]).
+pub const SIGN_IN_REFUSED: &str = "wrong username or password, or too many failed sign-ins (an account locks for 15 minutes after 5 in a row)";
 
 /// What a sign-in attempt came to.
 #[derive(Debug)]
@@ -203,6 +221,44 @@ impl Accounts {
     pub async fn setup_token(&self, valid_seconds: u64) -> Result<String, GateError> {
         self.new_invite(InvitePurpose::Setup, Role::Admin, None, valid_seconds)
             .await
+    }
+
+    /// The first-admin setup link `serve` prints when there is no admin yet: a new one
+    /// only if none is pending, so that restarting the server does not leave a trail of
+    /// working links behind. The link is stored under one fixed id, so two instances
+    /// starting at once mint one between them.
+    pub async fn setup_link_once(&self, valid_seconds: u64) -> Result<SetupLink, GateError> {
+        let invites = Docs::<InviteDocs>::new(&*self.store);
+        let now = self.clock.now();
+        if let Some(pending) = invites.get(SETUP_LINK_ID).await? {
+            if !pending.body.is_expired(now) {
+                return Ok(SetupLink::Pending {
+                    expires_at: pending.body.expires_at,
+                });
+            }
+            invites.delete(SETUP_LINK_ID).await?;
+        }
+        let token = random_token()?;
+        let invite = Invite {
+            purpose: InvitePurpose::Setup,
+            role: Role::Admin,
+            user_id: None,
+            expires_at: now.plus_seconds(valid_seconds),
+        };
+        match invites
+            .insert(SETUP_LINK_ID, Some(hash_token(&token)), &invite, now, None)
+            .await
+        {
+            Ok(()) => Ok(SetupLink::New(token)),
+            // Another instance minted it a moment ago.
+            Err(StoreError::Duplicate(_)) => Ok(SetupLink::Pending {
+                expires_at: invites
+                    .get(SETUP_LINK_ID)
+                    .await?
+                    .map_or(invite.expires_at, |d| d.body.expires_at),
+            }),
+            Err(err) => Err(err.into()),
+        }
     }
 
     /// Creates an account waiting for its holder, and the one-time token that activates it.
@@ -365,20 +421,21 @@ impl Accounts {
         Ok(())
     }
 
-    /// Checks a username and password; on success opens a session.
+    /// Checks a username and password; on success opens a session. Every refusal but
+    /// "disabled" (which needs the right password) is [`SIGN_IN_REFUSED`] after the same
+    /// work, so answers tell nothing about which usernames exist or are locked.
     pub async fn sign_in(&self, username: &str, password: &str) -> Result<SignIn, GateError> {
-        let generic = "wrong username or password".to_string();
+        let refused = || SignIn::Refused(SIGN_IN_REFUSED.to_string());
         let name = username.trim().to_ascii_lowercase();
-        let Some(mut stored) = self.users_docs().by_key(&name).await? else {
+        let Some(stored) = self.users_docs().by_key(&name).await? else {
             // Spend the same time as a real check.
             verify_blocking(password, &self.decoy_hash).await;
-            return Ok(SignIn::Refused(generic));
+            return Ok(refused());
         };
         let now = self.clock.now();
-        if let Some(until) = stored.body.locked_at(now) {
-            return Ok(SignIn::Refused(format!(
-                "too many failed sign-ins: this account is locked until {until}"
-            )));
+        if stored.body.locked_at(now).is_some() {
+            verify_blocking(password, &self.decoy_hash).await;
+            return Ok(refused());
         }
         let verified = match &stored.body.password_hash {
             Some(hash) => verify_blocking(password, hash).await,
@@ -391,15 +448,35 @@ impl Accounts {
             return Ok(SignIn::Refused("this account is disabled".into()));
         }
         if !verified {
-            stored.body.record_failure(now);
-            // A lost race with another attempt only loses a count; never fail the answer.
-            let _ = self.save(&stored, None).await;
-            return Ok(SignIn::Refused(generic));
+            self.count_failure(&stored.id, now).await;
+            return Ok(refused());
         }
-        if stored.body.clear_failures() {
-            let _ = self.save(&stored, None).await;
-        }
-        let user = stored.body;
+        // The failures of attempts made at the same time may have locked the account
+        // since it was read: clear the count only if it is still unlocked, in the same
+        // compare-and-swap.
+        let unlocked = self
+            .users_docs()
+            .modify(&stored.id, now, |current| -> Result<_, GateError> {
+                let Some(current) = current else {
+                    return Ok(Step::Done(None));
+                };
+                if current.body.locked_at(now).is_some() {
+                    return Ok(Step::Done(None));
+                }
+                let mut body = current.body.clone();
+                if !body.clear_failures() {
+                    return Ok(Step::Done(Some(body)));
+                }
+                Ok(Step::Write {
+                    then: Some(body.clone()),
+                    body,
+                    event: None,
+                })
+            })
+            .await?;
+        let Some(user) = unlocked else {
+            return Ok(refused());
+        };
         let token = random_token()?;
         let session = Session::new(&user.id, random_token()?, now, self.session_seconds);
         let hash = hash_token(&token);
@@ -411,6 +488,34 @@ impl Accounts {
             user,
             session_token: token,
         })
+    }
+
+    /// Counts a failed sign-in with a compare-and-swap, read again when attempts race,
+    /// so that every failure counts (parallel wrong passwords lock the account as surely
+    /// as sequential ones). A locked account counts no more until it unlocks.
+    async fn count_failure(&self, id: &str, now: countersign_core::Timestamp) {
+        let counted = self
+            .users_docs()
+            .modify(id, now, |current| -> Result<_, GateError> {
+                let Some(current) = current else {
+                    return Ok(Step::Done(()));
+                };
+                if current.body.locked_at(now).is_some() {
+                    return Ok(Step::Done(()));
+                }
+                let mut body = current.body.clone();
+                body.record_failure(now);
+                Ok(Step::Write {
+                    body,
+                    event: None,
+                    then: (),
+                })
+            })
+            .await;
+        if let Err(err) = counted {
+            // The answer is a refusal either way; the log says a count was lost.
+            tracing::warn!(%err, "could not count a failed sign-in of {id}");
+        }
     }
 
     /// The account and session behind a session token, if both are still valid.

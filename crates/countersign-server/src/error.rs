@@ -22,6 +22,13 @@ pub enum GateError {
     /// Contended or busy: the same call may succeed when retried.
     #[error("{0}")]
     Unavailable(String),
+    /// Too many calls of this kind from this caller: the same call succeeds after
+    /// `retry_after_seconds`.
+    #[error("{message}")]
+    RateLimited {
+        message: String,
+        retry_after_seconds: u64,
+    },
     #[error(transparent)]
     Store(StoreError),
     /// Something in this process failed (not the caller's input, not the store).
@@ -58,6 +65,7 @@ pub enum ErrorKind {
     NotFound,
     Unauthenticated,
     Unavailable,
+    RateLimited,
     Internal,
 }
 
@@ -79,6 +87,7 @@ impl ErrorKind {
             ErrorKind::NotFound => "not_found",
             ErrorKind::Unauthenticated => "unauthenticated",
             ErrorKind::Unavailable => "unavailable",
+            ErrorKind::RateLimited => "rate_limited",
             ErrorKind::Internal => "internal",
         }
     }
@@ -116,6 +125,7 @@ impl GateError {
             GateError::Unavailable(_) | GateError::Store(StoreError::Unavailable(_)) => {
                 ErrorKind::Unavailable
             }
+            GateError::RateLimited { .. } => ErrorKind::RateLimited,
             GateError::Store(_) | GateError::Internal(_) => ErrorKind::Internal,
         }
     }

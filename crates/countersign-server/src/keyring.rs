@@ -6,6 +6,13 @@
 //! The first process to start creates the key atomically (write a temporary file, then
 //! hard-link it into place, which fails if another process got there first), so several
 //! processes starting on a fresh data directory agree on one key.
+//!
+//! Trust is anchored (see `countersign_core::anchor`): the keys this process trusts and
+//! publishes are its key files and the keys those endorsed, in signed `key_endorsed`
+//! entries of the log, directly or through a chain. A key that is only a `jwk:*` row in
+//! the database (which every instance writes, and anyone with the database's
+//! credentials could) is a candidate for `countersign keys trust`, never trusted by
+//! itself.
 
 use std::fs;
 use std::io::Write;
@@ -15,6 +22,7 @@ use std::sync::{Arc, RwLock};
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use countersign_core::anchor::{self, Endorsement};
 use countersign_core::{Jwk, Jwks, Signer, Timestamp};
 use countersign_store::Store;
 
@@ -143,6 +151,33 @@ impl KeyRing {
         Ok((old.kid().to_string(), self.signer().kid().to_string()))
     }
 
+    /// The signers of every key file, oldest first (by `created_at`), the active key
+    /// last: the order in which the keys were rotated in.
+    pub fn file_signers(&self) -> Result<Vec<Signer>, KeyError> {
+        if self.dir.as_os_str().is_empty() {
+            return Ok(vec![(*self.signer()).clone()]);
+        }
+        let mut retired = Vec::new();
+        let retired_dir = self.dir.join("retired");
+        if retired_dir.is_dir() {
+            for entry in fs::read_dir(&retired_dir).map_err(io_err(&retired_dir))? {
+                let path = entry.map_err(io_err(&retired_dir))?.path();
+                if path.extension().is_some_and(|x| x == "json") {
+                    retired.push((created_at(&path)?, read_key_file(&path)?));
+                }
+            }
+        }
+        retired.sort_by(|a, b| (a.0, a.1.kid()).cmp(&(b.0, b.1.kid())));
+        let active = read_key_file(&self.dir.join("signing-key.json"))?;
+        let mut signers: Vec<Signer> = retired
+            .into_iter()
+            .map(|(_, s)| s)
+            .filter(|s| s.kid() != active.kid())
+            .collect();
+        signers.push(active);
+        Ok(signers)
+    }
+
     /// Re-reads the key directory (another process may have rotated the key).
     pub fn reload(&self) -> Result<(), KeyError> {
         if self.dir.as_os_str().is_empty() {
@@ -160,8 +195,8 @@ impl KeyRing {
 /// The settings key under which an instance publishes a public key in the database.
 const PUBLISHED: &str = "jwk:";
 
-/// Publishes the active key in the database, so every process and instance sharing it
-/// serves it in the JWKS, even one that was (mis)configured with a key of its own.
+/// Publishes the active key in the database as a candidate: another instance's operator
+/// can then endorse it by its key id (`countersign keys trust KID`).
 pub async fn publish(store: &dyn Store, keys: &KeyRing) -> Result<(), GateError> {
     let jwk = keys.signer().jwk();
     let json = serde_json::to_string(&jwk).map_err(|e| GateError::internal("encode a key", e))?;
@@ -171,19 +206,62 @@ pub async fn publish(store: &dyn Store, keys: &KeyRing) -> Result<(), GateError>
     Ok(())
 }
 
-/// Every key that ever signed here: this process's keys and every key published in the
-/// database (by other instances, or before a rotation).
+/// The keys this process trusts and publishes: its key files (current and retired) and
+/// every key they endorsed in the log, directly or through a chain of endorsements.
 pub async fn published_jwks(store: &dyn Store, keys: &KeyRing) -> Result<Jwks, GateError> {
-    let mut jwks = keys.jwks();
-    for (_, json) in store.meta_list(PUBLISHED).await? {
-        if let Ok(jwk) = serde_json::from_str::<Jwk>(&json)
-            && jwk.kid == countersign_core::keys::thumbprint(&jwk.x)
-            && jwks.find(&jwk.kid).is_none()
-        {
-            jwks.keys.push(jwk);
-        }
+    Ok(anchor::trusted(&keys.jwks(), &endorsements(store).await?))
+}
+
+/// Every endorsement recorded in the log (verified or not: `anchor::trusted` checks).
+pub async fn endorsements(store: &dyn Store) -> Result<Vec<Endorsement>, GateError> {
+    Ok(store
+        .events_of_subject(anchor::KEYS_SUBJECT)
+        .await?
+        .iter()
+        .filter_map(|e| Endorsement::from_entry(&e.entry))
+        .collect())
+}
+
+/// The keys published in the database (`jwk:*` rows) that are not trusted here, by key
+/// id: each is named by `doctor` and `log verify`, and trusted only once endorsed.
+pub async fn untrusted_candidates(
+    store: &dyn Store,
+    keys: &KeyRing,
+) -> Result<Vec<String>, GateError> {
+    let trusted = published_jwks(store, keys).await?;
+    Ok(store
+        .meta_list(PUBLISHED)
+        .await?
+        .into_iter()
+        .map(|(key, json)| {
+            serde_json::from_str::<Jwk>(&json)
+                .map(|jwk| jwk.kid)
+                .unwrap_or_else(|_| key.trim_start_matches(PUBLISHED).to_string())
+        })
+        .filter(|kid| trusted.find(kid).is_none())
+        .collect())
+}
+
+/// The candidate key `kid` (a `jwk:*` row), well-formed and named by its thumbprint.
+pub async fn candidate(store: &dyn Store, kid: &str) -> Result<Option<Jwk>, GateError> {
+    let row = store.meta_list(&format!("{PUBLISHED}{kid}")).await?;
+    let Some((_, json)) = row
+        .into_iter()
+        .find(|(k, _)| k == &format!("{PUBLISHED}{kid}"))
+    else {
+        return Ok(None);
+    };
+    let jwk: Jwk = serde_json::from_str(&json)
+        .map_err(|e| GateError::BadInput(format!("the published key {kid} is not a JWK: {e}")))?;
+    anchor::check_published_key(&jwk)
+        .map_err(|e| GateError::BadInput(format!("the published key {kid}: {e}")))?;
+    if jwk.kid != kid {
+        return Err(GateError::BadInput(format!(
+            "the row of {kid} holds key {}",
+            jwk.kid
+        )));
     }
-    Ok(jwks)
+    Ok(Some(jwk))
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> KeyError + '_ {
@@ -279,6 +357,15 @@ fn read_key_file(path: &Path) -> Result<Signer, KeyError> {
         ));
     }
     Ok(signer)
+}
+
+fn created_at(path: &Path) -> Result<Timestamp, KeyError> {
+    let text = fs::read(path).map_err(io_err(path))?;
+    let file: KeyFile = serde_json::from_slice(&text).map_err(|e| KeyError::Invalid {
+        path: path.to_path_buf(),
+        message: e.to_string(),
+    })?;
+    Ok(file.created_at)
 }
 
 fn load(dir: &Path) -> Result<Loaded, KeyError> {

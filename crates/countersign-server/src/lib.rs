@@ -5,6 +5,8 @@
 //! which knows nothing of the inbound side. docs/architecture.md has the map.
 
 pub mod accounts;
+pub mod admission;
+pub mod audit;
 pub mod error;
 pub mod gate;
 pub mod hosts;
@@ -21,7 +23,7 @@ pub mod views;
 pub use countersign_core::Decider;
 pub use error::{ErrorKind, GateError};
 pub use gate::{Gate, GateBuilder, Settings};
-pub use http::{HttpConfig, router, serve, with_channels};
+pub use http::{HttpConfig, router, serve, serve_with, with_channels};
 pub use keyring::KeyRing;
 pub use log::TransparencyLog;
 pub use mcp::{Identity, McpService};

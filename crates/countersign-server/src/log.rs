@@ -309,16 +309,19 @@ impl TransparencyLog {
                 path,
             });
         }
-        bundle::build(&BundleInput {
-            subject: subject.to_string(),
-            mode,
-            log_origin: self.origin.clone(),
-            checkpoint_note: checkpoint.note,
-            tree_size: checkpoint.size,
-            jwks: crate::keyring::published_jwks(&*self.store, &self.keys).await?,
-            entries,
-            decisions,
-        })
+        bundle::build(
+            &BundleInput {
+                subject: subject.to_string(),
+                mode,
+                log_origin: self.origin.clone(),
+                checkpoint_note: checkpoint.note,
+                tree_size: checkpoint.size,
+                jwks: crate::keyring::published_jwks(&*self.store, &self.keys).await?,
+                entries,
+                decisions,
+            },
+            &self.keys.signer(),
+        )
         .map_err(|e| GateError::internal("could not build the evidence bundle", e))
     }
 }

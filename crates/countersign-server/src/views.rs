@@ -107,10 +107,10 @@ impl RequestApprovalOutput {
 pub struct ApproverView {
     pub id: String,
     pub display_name: String,
-    /// api, mcp or cli.
-    pub channel: String,
-    /// How the approver authenticated: bearer_token or local_os_user.
-    pub auth_method: String,
+    /// Where the decision was made (every channel countersign decides through).
+    pub channel: countersign_core::Channel,
+    /// How the approver authenticated (every way countersign knows).
+    pub auth_method: countersign_core::AuthMethod,
 }
 
 impl ApproverView {
@@ -118,8 +118,8 @@ impl ApproverView {
         Self {
             id: a.id.clone(),
             display_name: a.display_name.clone(),
-            channel: a.channel.as_str().to_string(),
-            auth_method: enum_str(&a.auth_method),
+            channel: a.channel,
+            auth_method: a.auth_method,
         }
     }
 }
@@ -137,6 +137,23 @@ pub struct DecisionView {
     pub decided_at: String,
     /// The approval may be acted on until this time, once.
     pub valid_until: String,
+    /// For a policy or fallback decision: the policy that made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyView>,
+}
+
+/// A policy behind a decision, or the policies that sent a request to people.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct PolicyView {
+    /// The policy id (for a request sent to people: the ids, comma-separated).
+    pub id: String,
+    /// The policy set's digest, sha256:<hex>; its text is in the log's
+    /// policy_set_loaded entry.
+    pub policy_set: String,
+    /// For a request sent to people: what a timeout becomes (approved or rejected, by
+    /// fallback); absent, it times out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -170,6 +187,10 @@ pub struct ApprovalView {
     pub requested_fields: Vec<String>,
     /// The room it is shown in.
     pub room: Option<String>,
+    /// Why a person decides it: the policies that sent it to people (none: no policy
+    /// matched, or no policies are configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyView>,
     pub decision: Option<DecisionView>,
     /// The signed proof (a DSSE envelope), once decided. Pass it to verify_proof, or
     /// verify it offline with the server's JWKS.
@@ -246,6 +267,11 @@ impl ApprovalView {
             expires_at: request.expires_at.to_string(),
             requested_fields: request.requested_fields.clone(),
             room: request.room.clone(),
+            policy: request.policy.as_ref().map(|p| PolicyView {
+                id: p.policies.join(","),
+                policy_set: p.policy_set.clone(),
+                on_timeout: p.on_timeout.map(|v| v.as_str().to_string()),
+            }),
             decision: request.decision.as_ref().map(|d| DecisionView {
                 decision: d.decision.as_str().to_string(),
                 authorization_type: enum_str(&d.authorization_type),
@@ -254,6 +280,11 @@ impl ApprovalView {
                 fields: d.fields.clone(),
                 decided_at: d.decided_at.to_string(),
                 valid_until: d.valid_until.to_string(),
+                policy: d.policy.as_ref().map(|p| PolicyView {
+                    id: p.id.clone(),
+                    policy_set: p.policy_set.clone(),
+                    on_timeout: None,
+                }),
             }),
             proof: request.proof.as_ref().map(ProofView::from),
             used: request.used().map(|(at, tool)| UsedView {
@@ -284,12 +315,17 @@ pub fn guidance(request: &ApprovalRequest) -> String {
     let who = request
         .decision
         .as_ref()
-        .map(|d| {
-            d.approvers
+        .map(|d| match (&d.policy, d.authorization_type) {
+            (Some(p), countersign_core::AuthorizationType::Fallback) => {
+                format!("fallback (policy {}, nobody decided in time)", p.id)
+            }
+            (Some(p), _) => format!("policy {}", p.id),
+            (None, _) => d
+                .approvers
                 .iter()
                 .map(|a| a.display_name.as_str())
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(", "),
         })
         .unwrap_or_default();
     match request.status {
@@ -518,7 +554,16 @@ pub struct RecordReviewInput {
 /// The result of verifying an evidence bundle.
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct BundleReportView {
+    /// Everything checks out under this server's trusted keys and the bundle is proven
+    /// complete.
     pub valid: bool,
+    /// The manifest is signed by a trusted key: the bundle holds every entry of its
+    /// subject up to its tree size (never for a v1 bundle, which is unsigned).
+    #[serde(default)]
+    pub complete: bool,
+    /// The key that signed the manifest.
+    #[serde(default)]
+    pub manifest_signed_by: Option<String>,
     /// Every problem found; empty when valid.
     pub reasons: Vec<String>,
     pub subject: Option<String>,
@@ -535,6 +580,8 @@ impl From<countersign_core::bundle::BundleReport> for BundleReportView {
     fn from(r: countersign_core::bundle::BundleReport) -> Self {
         Self {
             valid: r.valid,
+            complete: r.complete,
+            manifest_signed_by: r.manifest_signed_by,
             reasons: r.reasons,
             subject: r.subject,
             mode: r.mode.map(|m| enum_str(&m)),
@@ -587,6 +634,9 @@ pub struct RoomView {
     pub created_by: String,
     pub deleted_at: Option<String>,
     pub purged_at: Option<String>,
+    /// Who besides its creator and the people who decide may use it (principal ids
+    /// and `group:<name>`s); empty: anyone.
+    pub allowed: Vec<String>,
     /// In listings: what waits for a person there.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub attention: Option<countersign_core::rooms::Attention>,
@@ -601,6 +651,7 @@ impl RoomView {
             created_by: room.created_by.clone(),
             deleted_at: room.deleted_at.map(|t| t.to_string()),
             purged_at: room.purged_at.map(|t| t.to_string()),
+            allowed: room.allowed.clone(),
             attention: None,
         }
     }

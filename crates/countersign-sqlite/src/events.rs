@@ -72,6 +72,42 @@ pub(crate) fn of_subject(conn: &Connection, subject: &str) -> Result<Vec<StoredE
     decode_rows(&mut stmt, params![subject])
 }
 
+pub(crate) fn of_subject_after(
+    conn: &Connection,
+    subject: &str,
+    after: u64,
+    limit: usize,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq, bytes FROM events WHERE subject = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
+        )
+        .map_err(db_err("read a subject's events"))?;
+    decode_rows(
+        &mut stmt,
+        params![subject, to_sql_int(after), to_sql_int(limit)],
+    )
+}
+
+pub(crate) fn of_subject_before(
+    conn: &Connection,
+    subject: &str,
+    before: u64,
+    limit: usize,
+) -> Result<Vec<StoredEvent>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq, bytes FROM events WHERE subject = ?1 AND seq < ?2 ORDER BY seq DESC LIMIT ?3",
+        )
+        .map_err(db_err("read a subject's events"))?;
+    let mut events = decode_rows(
+        &mut stmt,
+        params![subject, to_sql_int(before), to_sql_int(limit)],
+    )?;
+    events.reverse();
+    Ok(events)
+}
+
 pub(crate) fn payloads(
     conn: &Connection,
     seqs: &[u64],
@@ -121,4 +157,36 @@ pub(crate) fn last_seq(conn: &Connection) -> Result<u64, StoreError> {
         .and_then(|mut stmt| stmt.query_row([], |row| row.get(0)))
         .map_err(db_err("read the last event number"))?;
     to_u64("the number of the newest event", seq.unwrap_or(0))
+}
+
+/// The openings of events `from..=to`, as stored (for the audit).
+pub(crate) fn payloads_between(
+    conn: &Connection,
+    from: u64,
+    to: u64,
+) -> Result<Vec<countersign_store::RawPayload>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT seq, salt, payload FROM payloads WHERE seq >= ?1 AND seq <= ?2 ORDER BY seq",
+        )
+        .map_err(db_err("read payloads"))?;
+    let rows = stmt
+        .query_map(params![to_sql_int(from), to_sql_int(to)], |row| {
+            Ok((
+                row.get::<_, i64>(0)?,
+                row.get::<_, String>(1)?,
+                row.get::<_, String>(2)?,
+            ))
+        })
+        .map_err(db_err("read payloads"))?;
+    let mut out = Vec::new();
+    for row in rows {
+        let (seq, salt, payload) = row.map_err(db_err("read payloads"))?;
+        out.push(countersign_store::RawPayload {
+            seq: to_u64("a payload's number", seq)?,
+            salt,
+            payload,
+        });
+    }
+    Ok(out)
 }

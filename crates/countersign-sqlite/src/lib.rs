@@ -254,6 +254,56 @@ impl Store for SqliteStore {
             .await
     }
 
+    async fn events_of_subject_after(
+        &self,
+        subject: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let subject = subject.to_string();
+        let read = move |conn: &rusqlite::Connection| {
+            events::of_subject_after(conn, &subject, after, limit)
+        };
+        if limit <= SHORT_READ_EVENTS {
+            self.readers.read_now(read).await
+        } else {
+            self.readers.run(read).await
+        }
+    }
+
+    async fn events_of_subject_before(
+        &self,
+        subject: &str,
+        before: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let subject = subject.to_string();
+        self.readers
+            .run(move |conn| events::of_subject_before(conn, &subject, before, limit))
+            .await
+    }
+
+    async fn requests_after(
+        &self,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<countersign_store::RawRequest>, StoreError> {
+        let after = after.to_string();
+        self.readers
+            .run(move |conn| requests::after(conn, &after, limit))
+            .await
+    }
+
+    async fn payloads_between(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> Result<Vec<countersign_store::RawPayload>, StoreError> {
+        self.readers
+            .run(move |conn| events::payloads_between(conn, from, to))
+            .await
+    }
+
     async fn payloads(&self, seqs: &[u64]) -> Result<BTreeMap<u64, PayloadOpening>, StoreError> {
         let seqs = seqs.to_vec();
         self.readers

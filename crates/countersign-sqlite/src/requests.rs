@@ -178,3 +178,32 @@ fn query_bodies(
         .map_err(db_err(op))?;
     bodies.iter().map(|body| decode_request(body)).collect()
 }
+
+/// Request rows after `after` by id, as stored (for the audit).
+pub(crate) fn after(
+    conn: &Connection,
+    after: &str,
+    limit: usize,
+) -> Result<Vec<countersign_store::RawRequest>, StoreError> {
+    let mut stmt = conn
+        .prepare_cached(
+            "SELECT id, version, status, requested_by, idempotency_key, requested_at,
+                    expires_at, body
+             FROM requests WHERE id > ?1 ORDER BY id LIMIT ?2",
+        )
+        .map_err(db_err("read requests"))?;
+    stmt.query_map(params![after, to_sql_int(limit)], |r| {
+        Ok(countersign_store::RawRequest {
+            id: r.get(0)?,
+            version: r.get(1)?,
+            status: r.get(2)?,
+            requested_by: r.get(3)?,
+            idempotency_key: r.get(4)?,
+            requested_at: r.get(5)?,
+            expires_at: r.get(6)?,
+            body: r.get(7)?,
+        })
+    })
+    .and_then(|rows| rows.collect::<Result<Vec<_>, _>>())
+    .map_err(db_err("read requests"))
+}

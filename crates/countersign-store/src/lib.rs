@@ -7,6 +7,7 @@
 //! a gap-free, increasing sequence number; the change feed and the transparency log are
 //! built on that order.
 
+pub mod audit;
 pub mod batch;
 mod collection;
 mod error;
@@ -88,6 +89,29 @@ pub struct Doc {
     pub updated_at: Timestamp,
 }
 
+/// A request row exactly as stored, columns and `body` undecoded, for the audit
+/// ([`audit`]): a body that no longer decodes, or columns that disagree with it, are
+/// differences to report, not errors.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawRequest {
+    pub id: String,
+    pub version: i64,
+    pub status: String,
+    pub requested_by: String,
+    pub idempotency_key: Option<String>,
+    pub requested_at: i64,
+    pub expires_at: i64,
+    pub body: String,
+}
+
+/// A payload opening exactly as stored (its `payload` JSON undecoded), for the audit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RawPayload {
+    pub seq: u64,
+    pub salt: String,
+    pub payload: String,
+}
+
 /// A signed checkpoint as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredCheckpoint {
@@ -162,6 +186,34 @@ pub trait Store: Send + Sync + 'static {
     /// Every event whose subject is `subject`, in order.
     async fn events_of_subject(&self, subject: &str) -> Result<Vec<StoredEvent>, StoreError>;
 
+    /// The events of `subject` with a sequence number above `after`, in order, at most
+    /// `limit`: what is new since a reader last looked, without reading the rest.
+    async fn events_of_subject_after(
+        &self,
+        subject: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let mut events = self.events_of_subject(subject).await?;
+        events.retain(|e| e.seq > after);
+        events.truncate(limit);
+        Ok(events)
+    }
+
+    /// The newest `limit` events of `subject` with a sequence number below `before`,
+    /// in order (oldest first): the end of a long history, and the page before it.
+    async fn events_of_subject_before(
+        &self,
+        subject: &str,
+        before: u64,
+        limit: usize,
+    ) -> Result<Vec<StoredEvent>, StoreError> {
+        let mut events = self.events_of_subject(subject).await?;
+        events.retain(|e| e.seq < before);
+        let skip = events.len().saturating_sub(limit);
+        Ok(events.split_off(skip))
+    }
+
     /// The payload openings of the events with these sequence numbers (those that have
     /// one and whose payload was not erased).
     async fn payloads(&self, seqs: &[u64]) -> Result<BTreeMap<u64, PayloadOpening>, StoreError>;
@@ -170,6 +222,17 @@ pub trait Store: Send + Sync + 'static {
     /// entries, which only hold commitments, stay as they are, so the log still verifies.
     /// Returns how many were erased.
     async fn erase_payloads(&self, seqs: &[u64]) -> Result<u64, StoreError>;
+
+    /// Request rows with an id above `after` (all from `""`), by id, at most `limit`,
+    /// as stored: what the audit pages through.
+    async fn requests_after(
+        &self,
+        after: &str,
+        limit: usize,
+    ) -> Result<Vec<RawRequest>, StoreError>;
+
+    /// Payload openings of the events numbered `from..=to`, by number, as stored.
+    async fn payloads_between(&self, from: u64, to: u64) -> Result<Vec<RawPayload>, StoreError>;
 
     /// The sequence number of the newest event (0 when there is none).
     async fn last_event_seq(&self) -> Result<u64, StoreError>;

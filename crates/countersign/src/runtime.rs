@@ -32,6 +32,11 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
         raw_payload_export: config.raw_payload_export,
         session_seconds: config.session_hours * 3600,
         backup_dir: Some(config.data_dir.join("backups")),
+        max_waits_per_token: config.server.max_waits_per_token,
+        groups: config.guards.groups.clone(),
+        room_messages_per_minute: config.guards.room_messages_per_minute,
+        pending_per_agent: config.guards.pending_per_agent,
+        policy: config.policy.clone(),
         ..Settings::default()
     };
     let mut builder = Gate::builder(store, config.keys_dir())

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{Presence, room_name, room_title};
 use crate::error::CoreError;
+use crate::groups::Groups;
 use crate::principal::{Principal, Role};
 use crate::time::Timestamp;
 
@@ -23,6 +24,10 @@ pub struct Room {
     pub deleted_at: Option<Timestamp>,
     /// When its messages' texts were erased (after a backup).
     pub purged_at: Option<Timestamp>,
+    /// Who besides its creator and the people who decide may join, read and post:
+    /// principal ids and `group:<name>`s. Empty: anyone (an open room).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allowed: Vec<String>,
 }
 
 impl Room {
@@ -42,7 +47,60 @@ impl Room {
             created_by: by.id.clone(),
             deleted_at: None,
             purged_at: None,
+            allowed: Vec::new(),
         })
+    }
+
+    /// Whether the room is restricted to named principals and groups.
+    pub fn is_restricted(&self) -> bool {
+        !self.allowed.is_empty()
+    }
+
+    /// Whether `who` may join, read and post here: anyone in an open room; in a
+    /// restricted one, its creator, the people who decide, and those it names (by id
+    /// or by group).
+    pub fn admits(&self, who: &Principal, groups: &Groups) -> bool {
+        self.allowed.is_empty()
+            || who.role.may_decide()
+            || who.id == self.created_by
+            || self
+                .allowed
+                .iter()
+                .any(|entry| groups.matches(entry, &who.id))
+    }
+
+    /// Refuses `who` when the room does not admit it.
+    pub fn check_admits(&self, who: &Principal, groups: &Groups) -> Result<(), CoreError> {
+        if self.admits(who, groups) {
+            Ok(())
+        } else {
+            Err(CoreError::Forbidden(format!(
+                "room {} is restricted to named members and {} is not one of them: its creator or an admin can add it",
+                self.name, who.id
+            )))
+        }
+    }
+
+    /// Restricts the room to `allowed` (principal ids and `group:<name>`s; empty opens
+    /// it to anyone). Only its creator or an admin may. Whether it changed.
+    pub fn restrict(
+        &mut self,
+        by: &Principal,
+        allowed: &[String],
+        groups: &Groups,
+    ) -> Result<bool, CoreError> {
+        if by.role != Role::Admin && by.id != self.created_by {
+            return Err(CoreError::Forbidden(format!(
+                "only the creator of room {} ({}) or an admin may change who may use it",
+                self.name, self.created_by
+            )));
+        }
+        let allowed = groups.check_list("allowed", allowed)?;
+        if allowed == self.allowed {
+            return Ok(false);
+        }
+        self.allowed = allowed;
+        Ok(true)
     }
 
     /// Refuses a room in the trash: nobody posts or joins there until it is restored.
@@ -200,6 +258,58 @@ mod tests {
         room.rename("Operations").unwrap();
         assert_eq!(room.title, "Operations");
         assert!(room.rename("").is_err());
+    }
+
+    #[test]
+    fn a_restricted_room_admits_its_creator_deciders_and_those_it_names() {
+        use std::collections::BTreeMap;
+        let groups = Groups::new(BTreeMap::from([(
+            "ops".to_string(),
+            vec!["token:deploy-bot".to_string()],
+        )]))
+        .unwrap();
+        let creator = Principal::from_token("lead-bot", Role::Agent);
+        let deploy = Principal::from_token("deploy-bot", Role::Agent);
+        let other = Principal::from_token("other-bot", Role::Agent);
+        let approver = Principal::user("bob", "Bob", Role::Approver);
+        let admin = Principal::user("alice", "Alice", Role::Admin);
+        let mut room = Room::new("ops", None, &creator, at(0)).unwrap();
+        assert!(room.admits(&other, &groups), "open rooms admit anyone");
+
+        let err = room
+            .restrict(&other, &["group:ops".into()], &groups)
+            .unwrap_err();
+        assert!(err.to_string().contains("only the creator"), "{err}");
+        let err = room
+            .restrict(&approver, &["group:ops".into()], &groups)
+            .unwrap_err();
+        assert!(err.to_string().contains("or an admin"), "{err}");
+        assert!(
+            room.restrict(&creator, &["group:nope".into()], &groups)
+                .is_err()
+        );
+        assert!(
+            room.restrict(&creator, &["group:ops".into()], &groups)
+                .unwrap()
+        );
+        assert!(
+            !room
+                .restrict(&creator, &["group:ops".into()], &groups)
+                .unwrap()
+        );
+        assert!(room.is_restricted());
+        assert!(room.admits(&deploy, &groups));
+        assert!(room.admits(&creator, &groups));
+        assert!(room.admits(&approver, &groups));
+        assert!(!room.admits(&other, &groups));
+        let err = room.check_admits(&other, &groups).unwrap_err();
+        assert!(err.to_string().contains("restricted"), "{err}");
+
+        assert!(
+            room.restrict(&admin, &[], &groups).unwrap(),
+            "an admin opens it"
+        );
+        assert!(room.admits(&other, &groups));
     }
 
     #[test]

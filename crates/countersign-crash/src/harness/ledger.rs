@@ -24,12 +24,16 @@ pub(crate) struct Req {
     pub(crate) agent: usize,
     pub(crate) key: String,
     pub(crate) digest: String,
+    /// `action_description` and `action_details` as sent: what a redemption names.
+    pub(crate) action: Value,
     /// The acknowledged decision (at most one may ever be acknowledged).
     pub(crate) decision: Option<AckedDecision>,
     /// `already_decided` answers: (status, "name via channel").
     pub(crate) lost: Vec<(String, String)>,
     pub(crate) cancelled: bool,
-    pub(crate) action: bool,
+    pub(crate) acted: bool,
+    /// The executor was told it redeemed the proof.
+    pub(crate) redeemed: bool,
     pub(crate) outcome: Option<String>,
     /// Last known status (acknowledged or read back after a restart).
     pub(crate) status: String,

@@ -54,6 +54,7 @@ pub(crate) struct Load {
     pub(crate) base: String,
     pub(crate) agents: Vec<String>,
     pub(crate) approvers: Vec<String>,
+    pub(crate) executor: String,
     pub(crate) ledger: Shared,
     pub(crate) stop: Arc<AtomicBool>,
 }
@@ -164,6 +165,10 @@ impl Load {
                                 agent,
                                 key: key.clone(),
                                 digest: digest_of(&v),
+                                action: json!({
+                                    "action_description": body["action_description"],
+                                    "action_details": body["action_details"],
+                                }),
                                 status: "pending".into(),
                                 ..Req::default()
                             },
@@ -199,11 +204,18 @@ impl Load {
             Answer::Got(200, _) => {
                 l.acked.actions += 1;
                 if let Some(r) = l.reqs.get_mut(&id) {
-                    if r.action {
-                        let v = format!("{id}: a second action was acknowledged");
+                    if r.acted || r.redeemed {
+                        let v = format!(
+                            "{id}: an action was acknowledged after {}",
+                            if r.acted {
+                                "another action"
+                            } else {
+                                "a redemption"
+                            }
+                        );
                         l.violation(v);
                     } else {
-                        r.action = true;
+                        r.acted = true;
                         r.used = true;
                     }
                 }
@@ -290,6 +302,77 @@ impl Load {
             other => return unexpected(&mut l, &format!("cancel of {id}"), other),
         }
         true
+    }
+
+    /// The executor: redeems approved, unused proofs for their action, racing the
+    /// agents' `record_action` (the approval's one use, whichever comes first).
+    pub(crate) async fn executor(self: Arc<Self>, mut rng: Rng) {
+        let token = self.executor.clone();
+        while !self.stop.load(Ordering::Relaxed) {
+            let picked = {
+                let l = lock(&self.ledger);
+                let open: Vec<(&String, &Req)> = l
+                    .reqs
+                    .iter()
+                    .filter(|(_, r)| r.status == "approved" && !r.used && r.decision.is_some())
+                    .take(8)
+                    .collect();
+                rng.pick(&open).map(|(id, r)| ((*id).clone(), (*r).clone()))
+            };
+            let Some((id, r)) = picked else {
+                tokio::time::sleep(Duration::from_millis(3)).await;
+                continue;
+            };
+            let mut body = r.action.clone();
+            body["proof"] = r.decision.map(|d| d.proof).unwrap_or(Value::Null);
+            let answer = post(&self.http, self.url("/api/v1/proofs/redeem"), &token, &body).await;
+            let alive = self.book_redemption(&id, answer);
+            if !alive {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+        }
+    }
+
+    /// Books a redemption's answer; false when there was none.
+    fn book_redemption(&self, id: &str, answer: Answer) -> bool {
+        let mut l = lock(&self.ledger);
+        match answer {
+            Answer::Got(200, v) => {
+                l.acked.redemptions += 1;
+                if v["request_id"] != id || v["redeemed"] != true {
+                    l.violation(format!("redemption of {id} answered {v}"));
+                }
+                if let Some(r) = l.reqs.get_mut(id) {
+                    if r.acted || r.redeemed {
+                        let v = format!(
+                            "{id}: a redemption was acknowledged after {}",
+                            if r.acted {
+                                "an action"
+                            } else {
+                                "another redemption"
+                            }
+                        );
+                        l.violation(v);
+                    } else {
+                        r.redeemed = true;
+                        r.used = true;
+                    }
+                }
+                true
+            }
+            // Used by the agent (or an earlier, unanswered redemption), or its
+            // validity ran out.
+            Answer::Got(409, v)
+                if v["error"]["code"] == "already_used"
+                    || v["error"]["code"] == "approval_expired" =>
+            {
+                if let Some(r) = l.reqs.get_mut(id) {
+                    r.used = true;
+                }
+                true
+            }
+            other => unexpected(&mut l, &format!("redemption of {id}"), other),
+        }
     }
 
     pub(crate) async fn approver(self: Arc<Self>, approver: usize, mut rng: Rng) {

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::bail;
 use countersign_sqlite::SqliteStore;
 
-use checks::{Carry, all_events, all_requests, check_log, check_outbox, check_state};
+use checks::{Carry, check_audit, check_log, check_outbox, check_state};
 use ledger::{Ledger, Shared};
 use load::Load;
 use process::{Launcher, ServerProc, Started, failpoint_hit};
@@ -169,7 +169,8 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
     };
     // Tokens and the outbox cursor.
     let init = launcher.init(options.agents, options.approvers).await?;
-    let (agents, approvers, outbox_from) = (init.agents, init.approvers, init.outbox_from);
+    let (agents, approvers, executor, outbox_from) =
+        (init.agents, init.approvers, init.executor, init.outbox_from);
 
     let http = reqwest::Client::builder()
         .no_proxy()
@@ -243,6 +244,7 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
                 base: server.base.clone(),
                 agents: agents.clone(),
                 approvers: approvers.clone(),
+                executor: executor.clone(),
                 ledger: ledger.clone(),
                 stop: stop.clone(),
             });
@@ -252,6 +254,9 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
                     load.clone().agent(a, Rng::new(rng.next_u64())),
                 ));
             }
+            tasks.push(tokio::spawn(
+                load.clone().executor(Rng::new(rng.next_u64())),
+            ));
             for p in 0..options.approvers {
                 tasks.push(tokio::spawn(
                     load.clone().approver(p, Rng::new(rng.next_u64())),
@@ -322,17 +327,17 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
         *report.phases.entry("starting servers").or_default() += phase.elapsed();
         let phase = Instant::now();
         let before = violations.len();
+        let last_cycle = cycle == options.cycles;
         let store = SqliteStore::open(&server::db_path(&data_dir))?;
-        let events = all_events(&store).await?;
+        // What was written since the last restart (everything, at the last one).
+        let (found, events) = check_state(&store, &ledger, &mut carry.state, last_cycle).await?;
         violations.extend(
-            check_state(&store, &ledger, &events)
-                .await?
+            found
                 .into_iter()
                 .map(|v| format!("cycle {cycle} ({kind}): {v}")),
         );
         *report.phases.entry("checking").or_default() += phase.elapsed();
         let phase = Instant::now();
-        let last_cycle = cycle == options.cycles;
         violations.extend(
             check_outbox(
                 &store,
@@ -353,14 +358,21 @@ pub async fn run(options: &Options) -> anyhow::Result<Report> {
             .or_default() += phase.elapsed();
         let phase = Instant::now();
         // The log as it stands now, integrated.
-        let events = all_events(&store).await?;
         violations.extend(
-            check_log(&store, &data_dir, &events, &mut carry)
+            check_log(&store, &data_dir, &mut carry, last_cycle)
                 .await?
                 .into_iter()
                 .map(|v| format!("cycle {cycle} ({kind}): {v}")),
         );
-        carry.requests = all_requests(&store).await?.len();
+        if last_cycle {
+            violations.extend(
+                check_audit(&store)
+                    .await?
+                    .into_iter()
+                    .map(|v| format!("cycle {cycle} ({kind}): {v}")),
+            );
+        }
+        carry.requests = carry.state.requests();
         drop(store);
         *report.phases.entry("checking").or_default() += phase.elapsed();
         {

@@ -26,6 +26,8 @@ pub(crate) struct Launcher<'a> {
 pub(crate) struct Init {
     pub(crate) agents: Vec<String>,
     pub(crate) approvers: Vec<String>,
+    /// The executor's token: it redeems approved proofs.
+    pub(crate) executor: String,
     /// The first event the outbox notifies (events before it predate the webhook).
     pub(crate) outbox_from: u64,
 }
@@ -76,6 +78,7 @@ impl Launcher<'_> {
             approvers: (0..approvers)
                 .map(|n| token(format!("approver-{n}")))
                 .collect(),
+            executor: token(crate::server::EXECUTOR.to_string()),
             outbox_from: init["outbox_from_seq"].as_u64().unwrap_or(0),
         })
     }

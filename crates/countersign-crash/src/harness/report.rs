@@ -47,6 +47,8 @@ pub struct Acked {
     pub lost_races: u64,
     pub cancels: u64,
     pub actions: u64,
+    /// Proofs redeemed by the executor.
+    pub redemptions: u64,
     pub outcomes: u64,
 }
 
@@ -67,13 +69,14 @@ impl fmt::Display for Report {
         }
         writeln!(
             f,
-            "  acknowledged: {} requests created ({} idempotent replays), {} decisions, {} races lost (already_decided), {} cancels, {} actions, {} outcomes; {} operations unanswered (in flight at a crash)",
+            "  acknowledged: {} requests created ({} idempotent replays), {} decisions, {} races lost (already_decided), {} cancels, {} actions, {} redemptions, {} outcomes; {} operations unanswered (in flight at a crash)",
             a.created,
             a.idempotent_replays,
             a.decisions,
             a.lost_races,
             a.cancels,
             a.actions,
+            a.redemptions,
             a.outcomes,
             self.unanswered
         )?;

@@ -102,6 +102,9 @@ impl GateBuilder {
             Keys::Dir(dir) => KeyRing::open_or_create(&dir, clock.now())
                 .map_err(|e| GateError::internal("could not load the signing key", e))?,
         };
+        // Before this process publishes its own key: which keys were published before
+        // keys were anchored (fixed once per database).
+        let legacy = super::keys::legacy_keys(&*store).await?;
         crate::keyring::publish(&*store, &keys)
             .await
             .map_err(|e| GateError::internal("could not publish the signing key", e))?;
@@ -118,7 +121,7 @@ impl GateBuilder {
             .map_err(|e| GateError::internal("could not open the transparency log", e))?;
         let log = Arc::new(log);
         let stopping = CancellationToken::new();
-        Ok(Arc::new(Gate {
+        let gate = Arc::new(Gate {
             accounts: Accounts::new(store.clone(), clock.clone(), settings.session_seconds)?,
             rooms: Rooms::new(
                 store.clone(),
@@ -126,14 +129,32 @@ impl GateBuilder {
                 clock.clone(),
                 settings.backup_dir.clone(),
                 stopping.clone(),
+                settings.groups.clone(),
+                settings.room_messages_per_minute,
             ),
             store,
             feed,
             keys,
             clock,
             log,
+            admission: super::Admission::new(&settings),
             settings,
             stopping,
-        }))
+            requester_locks: super::KeyedLocks::default(),
+            policies: super::policy::Policies::default(),
+        });
+        match gate.anchor_existing_keys(&legacy).await {
+            Ok(endorsed) if !endorsed.is_empty() => {
+                tracing::info!(?endorsed, "endorsed the existing keys in the log");
+            }
+            Ok(_) => {}
+            Err(err) => tracing::warn!(%err, "could not endorse the existing keys"),
+        }
+        // Policies that do not load keep the gate from starting: better no server than
+        // one that decides by rules nobody checked.
+        if gate.settings.policy.is_some() {
+            gate.reload_policies().await?;
+        }
+        Ok(gate)
     }
 }

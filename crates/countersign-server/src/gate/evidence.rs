@@ -225,8 +225,10 @@ impl Gate {
         self.log.bundle(subject, mode, decisions).await
     }
 
-    /// Starts signing with a new key (the old one stays published) and logs it.
+    /// Starts signing with a new key (the old one stays published) and logs it, with the
+    /// old key's endorsement of the new one.
     pub async fn rotate_key(&self, actor: &Principal) -> Result<(String, String), GateError> {
+        let before = self.keys.signer();
         let (old, new) = self
             .keys
             .rotate(self.now())
@@ -239,15 +241,28 @@ impl Gate {
             serde_json::json!({"old_kid": old, "new_kid": new}),
         );
         self.store.append_event(&event.seal(new_salt()?)).await?;
+        let endorsement =
+            countersign_core::anchor::Endorsement::sign(&self.keys.signer().jwk(), &before)
+                .event(self.now(), Some(actor.id.clone()));
+        self.store
+            .append_event(&endorsement.seal(new_salt()?))
+            .await?;
         self.feed.poke();
         Ok((old, new))
     }
 
-    /// Verifies a bundle against this server's published keys.
-    pub async fn verify_evidence(&self, zip: &[u8]) -> Result<BundleReport, GateError> {
-        Ok(countersign_core::bundle::verify(
-            zip,
-            Some(&self.jwks().await?),
-        ))
+    /// Verifies an uploaded bundle against this server's published keys, reading no
+    /// more of it than a real bundle of its size holds (`ReadLimits::upload`), on a
+    /// blocking thread, a few at a time: beyond that the caller is told the server is
+    /// busy (`unavailable`).
+    pub async fn verify_evidence(&self, zip: Vec<u8>) -> Result<BundleReport, GateError> {
+        let jwks = self.jwks().await?;
+        let _turn = self.admission.verify.enter().await?;
+        tokio::task::spawn_blocking(move || {
+            let limits = countersign_core::bundle::ReadLimits::upload(zip.len());
+            countersign_core::bundle::verify_within(&zip, Some(&jwks), &limits)
+        })
+        .await
+        .map_err(|e| GateError::internal("verifying the bundle", e))
     }
 }

@@ -6,8 +6,11 @@
 
 mod builder;
 mod evidence;
+mod keys;
+mod policy;
 mod recipients;
 mod tokens;
+mod visibility;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -22,6 +25,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::accounts::Accounts;
+use crate::admission::{Held, Lane, PerHolder};
 use crate::error::GateError;
 use crate::ids::{new_id, new_nonce, new_salt};
 use crate::keyring::KeyRing;
@@ -30,8 +34,11 @@ use crate::rooms::Rooms;
 
 pub use builder::{GateBuilder, Keys};
 pub use evidence::{Redeemed, ReviewerSettings};
+pub use keys::Trusted;
+pub use policy::{PolicySettings, TOOL_DETAIL, read_files as read_policy_files};
 pub use recipients::Recipients;
 pub use tokens::NewToken;
+pub use visibility::EntryShown;
 
 /// How often a waiting call reports progress (MCP asks for at least every 10 s).
 pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
@@ -43,6 +50,11 @@ pub const MAX_WAIT_SECONDS: u64 = 300;
 pub const DEFAULT_SESSION_SECONDS: u64 = 12 * 3600;
 /// The longest a dashboard session may be configured to last: 30 days.
 pub const MAX_SESSION_SECONDS: u64 = 30 * 24 * 3600;
+
+/// How many waits one credential may hold open at once unless configured otherwise:
+/// enough for a fleet of agents sharing one token (the 10,000-waiter benchmark sets its
+/// own), few enough that one token cannot hold every connection the server allows.
+pub const DEFAULT_MAX_WAITS_PER_TOKEN: usize = 1_000;
 
 /// A wait of `given` seconds (or `default`), refused beyond [`MAX_WAIT_SECONDS`].
 pub fn wait_time(given: Option<u64>, default: u64) -> Result<Duration, GateError> {
@@ -78,11 +90,26 @@ pub struct Settings {
     pub backup_dir: Option<std::path::PathBuf>,
     /// How long a dashboard session lasts, in seconds.
     pub session_seconds: u64,
+    /// How many waits (REST long polls, MCP `wait_for_approval`, room waits) one
+    /// credential may have open at once.
+    pub max_waits_per_token: usize,
+    /// Named groups of principals (`[groups]`), which rooms may be restricted to.
+    pub groups: countersign_core::Groups,
+    /// How many room messages one principal may post per minute (0: no limit).
+    pub room_messages_per_minute: u32,
+    /// How many pending requests one requester may have at once (`None`: no limit).
+    pub pending_per_agent: Option<usize>,
+    /// `[policy]`: the Cedar policy files and the zone their `context.time` is in;
+    /// `None`: no policies (one person decides every request).
+    pub policy: Option<PolicySettings>,
 }
 
 impl Settings {
     /// Checks the settings that have bounds; the message names the setting.
     pub fn validate(&self) -> Result<(), String> {
+        if self.max_waits_per_token == 0 {
+            return Err("max_waits_per_token must be at least 1".into());
+        }
         if !(1..=MAX_SESSION_SECONDS).contains(&self.session_seconds) {
             return Err(format!(
                 "a dashboard session must last between 1 second and {} hours",
@@ -102,6 +129,11 @@ impl Default for Settings {
             raw_payload_export: false,
             backup_dir: None,
             session_seconds: DEFAULT_SESSION_SECONDS,
+            max_waits_per_token: DEFAULT_MAX_WAITS_PER_TOKEN,
+            groups: countersign_core::Groups::default(),
+            room_messages_per_minute: crate::rooms::DEFAULT_MESSAGES_PER_MINUTE,
+            pending_per_agent: None,
+            policy: None,
         }
     }
 }
@@ -117,6 +149,63 @@ pub struct Gate {
     settings: Settings,
     /// Cancelled when the process shuts down: waits return the current state at once.
     stopping: CancellationToken,
+    /// Serializes one requester's new requests while a pending limit is checked.
+    requester_locks: KeyedLocks,
+    /// The policy set in force.
+    policies: policy::Policies,
+    /// Bounds on heavy or long-held work (evidence verification, waits).
+    admission: Admission,
+}
+
+/// One async lock per key (a requester), forgotten once nobody holds or waits for it.
+#[derive(Default)]
+pub(crate) struct KeyedLocks(
+    std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+);
+
+impl KeyedLocks {
+    async fn lock(&self, key: &str) -> Result<tokio::sync::OwnedMutexGuard<()>, GateError> {
+        let lock = {
+            let mut locks = self
+                .0
+                .lock()
+                .map_err(|_| GateError::Internal("the requester locks were poisoned".into()))?;
+            locks.retain(|_, l| Arc::strong_count(l) > 1);
+            locks.entry(key.to_string()).or_default().clone()
+        };
+        Ok(lock.lock_owned().await)
+    }
+}
+
+/// Evidence verifications run at once: two, as the smallest deployment has two cores,
+/// so a flood of uploads leaves the async workers (and everyone else's requests) alone.
+const VERIFY_AT_ONCE: usize = 2;
+/// Verifications waiting for a turn before further ones are told the server is busy;
+/// each holds its upload (up to `max_body_bytes`) while it waits.
+const VERIFY_QUEUE: usize = 8;
+/// How long a verification waits for a turn.
+const VERIFY_PATIENCE: Duration = Duration::from_secs(10);
+
+impl Admission {
+    fn new(settings: &Settings) -> Self {
+        Self {
+            verify: Lane::new(
+                "evidence verifications",
+                VERIFY_AT_ONCE,
+                VERIFY_QUEUE,
+                VERIFY_PATIENCE,
+            ),
+            waits: PerHolder::new("waits", settings.max_waits_per_token),
+        }
+    }
+}
+
+/// What the gate takes on at once; see [`crate::admission`].
+pub(crate) struct Admission {
+    /// Evidence verification: CPU and memory heavy, run off the async workers.
+    pub(crate) verify: Lane,
+    /// Open waits per credential.
+    pub(crate) waits: PerHolder,
 }
 
 impl Gate {
@@ -196,7 +285,19 @@ impl Gate {
                 who.id
             )));
         }
+        if let Some(room) = &transition.request.room {
+            self.rooms.check_may_post(who, room).await?;
+        }
         self.check_recipients(&transition.request).await?;
+        // Held until the request is written, so parallel requests from one requester
+        // cannot all pass the limit at once.
+        let _serialized = match self.settings.pending_per_agent {
+            Some(_) => Some(self.requester_locks.lock(&who.id).await?),
+            None => None,
+        };
+        self.check_pending_limit(who, &transition.request).await?;
+        let mut transition = transition;
+        let ruling = self.apply_policies(who, &mut transition).await?;
         match self
             .store
             .create_request(&transition.seal(new_salt()?))
@@ -204,6 +305,11 @@ impl Gate {
         {
             Created::New(request) => {
                 self.feed.poke();
+                // A policy's decision follows its creation at once.
+                let request = match ruling {
+                    Some(ruling) => self.rule(request, ruling).await?,
+                    None => request,
+                };
                 if let Some(room) = &request.room {
                     // Shown in its room too, so the people there see what waits.
                     self.rooms.post_approval(who, room, &request).await?;
@@ -227,6 +333,47 @@ impl Gate {
                 })
             }
         }
+    }
+
+    /// Refuses a new request from `who` when it already has `pending_per_agent` pending
+    /// (expired ones do not count; a retry of one of them by its idempotency key does
+    /// not count twice). Within one process the check and the write are serialized per
+    /// requester, so parallel calls cannot pass it together; across several instances
+    /// each may admit one request beyond the limit at the same moment.
+    async fn check_pending_limit(
+        &self,
+        who: &Principal,
+        request: &ApprovalRequest,
+    ) -> Result<(), GateError> {
+        let Some(limit) = self.settings.pending_per_agent else {
+            return Ok(());
+        };
+        let now = self.now();
+        let pending = self
+            .store
+            .list_requests(&RequestQuery {
+                status: Some(Status::Pending),
+                requested_by: Some(who.id.clone()),
+                limit: limit.saturating_add(1),
+            })
+            .await?;
+        let live: Vec<&ApprovalRequest> =
+            pending.iter().filter(|r| !r.is_past_expiry(now)).collect();
+        let retry = request.idempotency_key.is_some()
+            && live
+                .iter()
+                .any(|r| r.idempotency_key == request.idempotency_key);
+        if live.len() >= limit && !retry {
+            return Err(GateError::RateLimited {
+                message: format!(
+                    "{} already has {} pending requests, the most one requester may have ([limits] pending_per_agent = {limit}): wait until some are decided, or cancel those no longer needed",
+                    who.id,
+                    live.len()
+                ),
+                retry_after_seconds: 60,
+            });
+        }
+        Ok(())
     }
 
     /// The request as `who` may see it, timed out first if its expiry has passed.
@@ -253,6 +400,10 @@ impl Gate {
         if request.status.is_final() || !request.is_past_expiry(now) {
             return Ok(request);
         }
+        // A policy may say what its requests' timeouts become.
+        if let Some(decided) = self.fallback(&request).await? {
+            return Ok(decided);
+        }
         let transition = request.time_out(now)?;
         match self.store.apply(&transition.seal(new_salt()?)).await {
             Ok(()) => {
@@ -265,6 +416,12 @@ impl Gate {
         }
     }
 
+    /// One open wait of `who`'s, held until dropped; refused when `who` has
+    /// `max_waits_per_token` open already. Every wait (requests, rooms) holds one.
+    pub fn hold_wait(&self, who: &Principal) -> Result<Held, GateError> {
+        self.admission.waits.open(&who.id)
+    }
+
     /// Waits until the request is decided (or times out, or is cancelled), or until
     /// `timeout` passes, calling `progress` with the time waited every [`PROGRESS_EVERY`].
     /// Woken by the change feed, not by a timer.
@@ -275,6 +432,7 @@ impl Gate {
         timeout: Duration,
         progress: &mut (dyn FnMut(Duration) + Send),
     ) -> Result<ApprovalRequest, GateError> {
+        let _open = self.hold_wait(who)?;
         // Watch before reading, so a decision committed after the read is always seen.
         let mut watch = self.feed.watch(id);
         // The reads are boxed: a parked waiter then holds a pointer instead of room for a

@@ -139,7 +139,7 @@ pub async fn require_scope(State(scope): State<Scope>, mut req: Request, next: N
     next.run(req).await
 }
 
-fn bearer_token(headers: &HeaderMap) -> Result<&str, String> {
+pub(super) fn bearer_token(headers: &HeaderMap) -> Result<&str, String> {
     let value = headers.get(header::AUTHORIZATION).ok_or_else(|| {
         "missing bearer token: send `Authorization: Bearer <token>` (create one with `countersign token create`)".to_string()
     })?;

@@ -27,6 +27,7 @@ pub fn status(kind: ErrorKind) -> StatusCode {
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
+        ErrorKind::RateLimited => StatusCode::TOO_MANY_REQUESTS,
         ErrorKind::Internal => StatusCode::INTERNAL_SERVER_ERROR,
     }
 }
@@ -54,7 +55,18 @@ impl IntoResponse for ApiError {
         if kind == ErrorKind::Internal {
             tracing::error!(%err, "request failed");
         }
-        error_response(status(kind), kind.code(), err.public_message())
+        let mut response = error_response(status(kind), kind.code(), err.public_message());
+        if let GateError::RateLimited {
+            retry_after_seconds,
+            ..
+        } = &err
+            && let Ok(value) = http::HeaderValue::from_str(&retry_after_seconds.to_string())
+        {
+            response
+                .headers_mut()
+                .insert(http::header::RETRY_AFTER, value);
+        }
+        response
     }
 }
 

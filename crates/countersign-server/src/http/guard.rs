@@ -1,5 +1,5 @@
 //! DNS-rebinding protection: requests whose `Host`, or `Origin` when present, is not an
-//! allowed host get 403 before anything else runs. The MCP transport spec requires this
+//! allowed host (an `Origin` also on an allowed port) get 403 before anything else runs. The MCP transport spec requires this
 //! of local servers; countersign applies it to every route.
 
 use axum::extract::{Request, State};
@@ -43,6 +43,40 @@ impl HostPolicy {
     }
 }
 
+impl HostPolicy {
+    /// Whether a request to `host` (its Host header) may come from the page at
+    /// `origin` (`scheme://host[:port]`). The origin's host must be allowed, and its
+    /// port too: a `name:port` entry names it; a bare `name` allows it only on the port
+    /// the request was sent to (this server's, as the client reached it), never on any
+    /// port, since another port of the same host is another site (any local program
+    /// can serve a page there). A missing port is the scheme's default.
+    pub fn allows_origin(&self, origin: &str, host: &str) -> bool {
+        if self.any {
+            return true;
+        }
+        let Some((scheme, authority)) = origin.split_once("://") else {
+            return false;
+        };
+        let authority = authority.split('/').next().unwrap_or(authority);
+        let default_port = match scheme.to_ascii_lowercase().as_str() {
+            "http" => 80,
+            "https" => 443,
+            _ => return false,
+        };
+        let (origin_host, origin_port) = split_authority(&authority.to_ascii_lowercase());
+        let origin_port = origin_port.unwrap_or(default_port);
+        let (_, host_port) = split_authority(&host.to_ascii_lowercase());
+        let host_port = host_port.unwrap_or(default_port);
+        self.entries.iter().any(|(h, p)| {
+            *h == origin_host
+                && match p {
+                    Some(p) => *p == origin_port,
+                    None => origin_port == host_port,
+                }
+        })
+    }
+}
+
 /// Splits `host[:port]`, `[v6]:port` or a bare IPv6 address.
 fn split_authority(authority: &str) -> (String, Option<u16>) {
     if let Some(rest) = authority.strip_prefix('[')
@@ -63,11 +97,6 @@ fn split_authority(authority: &str) -> (String, Option<u16>) {
     }
 }
 
-fn origin_authority(origin: &str) -> Option<&str> {
-    let (_, rest) = origin.split_once("://")?;
-    Some(rest.split('/').next().unwrap_or(rest))
-}
-
 pub async fn check_host_and_origin(
     State(state): State<AppState>,
     req: Request,
@@ -79,21 +108,20 @@ pub async fn check_host_and_origin(
         .get(header::HOST)
         .and_then(|h| h.to_str().ok())
         .or_else(|| req.uri().authority().map(|a| a.as_str()));
-    match host {
-        Some(host) if policy.allows(host) => {}
+    let host = match host {
+        Some(host) if policy.allows(host) => host,
         Some(host) => {
             return refuse(&format!(
                 "host {host:?} is not allowed; add it to allowed_hosts in the config if this is a real hostname for this server"
             ));
         }
         None => return refuse("the request has no Host header"),
-    }
+    };
     if let Some(origin) = req.headers().get(header::ORIGIN) {
         let allowed = origin
             .to_str()
             .ok()
-            .and_then(origin_authority)
-            .is_some_and(|authority| policy.allows(authority));
+            .is_some_and(|origin| policy.allows_origin(origin, host));
         if !allowed {
             return refuse(&format!(
                 "origin {origin:?} is not allowed (cross-site requests are refused)"
@@ -135,11 +163,26 @@ mod tests {
     }
 
     #[test]
-    fn origin_authority_strips_scheme_and_path() {
-        assert_eq!(
-            origin_authority("http://localhost:8787"),
-            Some("localhost:8787")
-        );
-        assert_eq!(origin_authority("null"), None);
+    fn an_origin_on_a_host_listed_without_a_port_passes_only_on_the_servers_port() {
+        let policy = HostPolicy::new(&[
+            "localhost".into(),
+            "127.0.0.1".into(),
+            "approvals.example.com:443".into(),
+            "gate.example.com".into(),
+        ]);
+        let host = "127.0.0.1:8787";
+        assert!(policy.allows_origin("http://localhost:8787", host));
+        assert!(policy.allows_origin("http://127.0.0.1:8787/path", host));
+        assert!(!policy.allows_origin("http://localhost:9999", host));
+        assert!(!policy.allows_origin("http://localhost", host));
+        assert!(!policy.allows_origin("null", host));
+        assert!(!policy.allows_origin("file://localhost:8787", host));
+        // An explicit port, and the scheme's default port.
+        assert!(policy.allows_origin("https://approvals.example.com", "anything"));
+        assert!(!policy.allows_origin("https://approvals.example.com:8443", "x:8443"));
+        assert!(policy.allows_origin("https://gate.example.com", "gate.example.com"));
+        assert!(policy.allows_origin("https://gate.example.com", "gate.example.com:443"));
+        assert!(!policy.allows_origin("http://gate.example.com:8080", "gate.example.com"));
+        assert!(HostPolicy::new(&["*".into()]).allows_origin("http://evil:1", host));
     }
 }

@@ -17,6 +17,7 @@ macro_rules! input {
 }
 
 pub mod auth;
+pub mod client;
 mod email_links;
 pub mod error;
 pub mod guard;
@@ -44,7 +45,7 @@ use crate::gate::Gate;
 use crate::mcp::{Identity, McpService};
 use crate::notify::NotifyConfig;
 
-pub use server::serve;
+pub use server::{ConnectionLimits, serve, serve_with};
 
 /// Where `countersign serve` listens unless told otherwise.
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8787";
@@ -64,6 +65,15 @@ pub struct HttpConfig {
     /// How people reach this server (for links in invitations and emails), e.g.
     /// `https://approvals.example.com`.
     pub public_url: String,
+    /// Time to the first bytes and the end of the headers (also the idle time allowed
+    /// between requests on one connection).
+    pub header_timeout: Duration,
+    /// Time from a request's headers to the end of its body.
+    pub body_timeout: Duration,
+    /// Connections open at once.
+    pub max_connections: usize,
+    /// Reverse proxies whose `X-Forwarded-For` is believed (see [`client::TrustedProxies`]).
+    pub trusted_proxies: client::TrustedProxies,
 }
 
 impl Default for HttpConfig {
@@ -73,6 +83,10 @@ impl Default for HttpConfig {
             operator_tools: false,
             max_body_bytes: 1024 * 1024,
             public_url: format!("http://{DEFAULT_LISTEN}"),
+            header_timeout: ConnectionLimits::default().header_timeout,
+            body_timeout: ConnectionLimits::default().body_timeout,
+            max_connections: ConnectionLimits::default().max_connections,
+            trusted_proxies: client::TrustedProxies::default(),
         }
     }
 }
@@ -83,9 +97,43 @@ impl HttpConfig {
         if self.max_body_bytes < MIN_BODY_BYTES {
             return Err(format!("max_body_bytes must be at least {MIN_BODY_BYTES}"));
         }
+        for (name, value) in [
+            ("header_timeout_seconds", self.header_timeout),
+            ("body_timeout_seconds", self.body_timeout),
+        ] {
+            if !(TIMEOUT_SECONDS.contains(&value.as_secs()) && value.subsec_nanos() == 0) {
+                return Err(format!(
+                    "{name} must be a whole number of seconds between {} and {}",
+                    TIMEOUT_SECONDS.start(),
+                    TIMEOUT_SECONDS.end()
+                ));
+            }
+        }
+        if !MAX_CONNECTIONS.contains(&self.max_connections) {
+            return Err(format!(
+                "max_connections must be between {} and {}",
+                MAX_CONNECTIONS.start(),
+                MAX_CONNECTIONS.end()
+            ));
+        }
         Ok(())
     }
+
+    /// What `serve_with` enforces on every connection.
+    pub fn connection_limits(&self) -> ConnectionLimits {
+        ConnectionLimits {
+            header_timeout: self.header_timeout,
+            body_timeout: self.body_timeout,
+            max_connections: self.max_connections,
+        }
+    }
 }
+
+/// `header_timeout_seconds` and `body_timeout_seconds`: a second at least (a slow
+/// client on a phone network still makes it), an hour at most.
+pub const TIMEOUT_SECONDS: std::ops::RangeInclusive<u64> = 1..=3600;
+/// `max_connections`: at least one, at most a million.
+pub const MAX_CONNECTIONS: std::ops::RangeInclusive<usize> = 1..=1_000_000;
 
 #[derive(Clone)]
 pub struct AppState {
@@ -93,6 +141,7 @@ pub struct AppState {
     pub hosts: Arc<guard::HostPolicy>,
     pub public_url: String,
     pub throttle: Arc<ui::Throttle>,
+    pub proxies: Arc<client::TrustedProxies>,
 }
 
 /// What the inbound channel endpoints (`/slack/interactivity`, `/email/...`) need of
@@ -124,6 +173,7 @@ pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken)
         hosts: Arc::new(guard::HostPolicy::new(&config.allowed_hosts)),
         public_url: config.public_url.clone(),
         throttle: Arc::new(ui::Throttle::default()),
+        proxies: Arc::new(config.trusted_proxies.clone()),
     };
     // Built once: every stateless request gets a cheap clone.
     let mcp_service = McpService::new(gate.clone(), Identity::PerRequest, config.operator_tools);
@@ -185,6 +235,7 @@ fn both_surfaces() -> Router<AppState> {
             get(rooms::messages).post(rooms::post_message),
         )
         .route("/rooms/{room}/members", get(rooms::members))
+        .route("/rooms/{room}/access", post(rooms::restrict))
         .route(
             "/rooms/{room}/questions/{id}/answer",
             post(rooms::close::<rooms::AnswerBody>),

@@ -18,29 +18,73 @@ use super::AppState;
 use super::auth::{Admin, Approver, Caller};
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery};
 use crate::error::GateError;
-use crate::gate::{DEFAULT_WAIT_SECONDS, NewToken, wait_time};
+use crate::gate::{DEFAULT_WAIT_SECONDS, EntryShown, NewToken, wait_time};
 use crate::views::{
     ApprovalView, DecisionBody, RedeemOutput, RedeemProofInput, RequestApprovalInput,
     RequestApprovalOutput, RequestView, ReviewOutput, VerifyOutput, VerifyProofInput,
 };
 
-pub(super) async fn healthz(State(state): State<AppState>) -> Response {
+/// Public: whether the server and its database answer. Why the database does not is
+/// shown only to an admin's token (it may name hosts, users or paths); everyone else,
+/// and the server's log, get the rest.
+pub(super) async fn healthz(State(state): State<AppState>, headers: http::HeaderMap) -> Response {
     match state.gate.store().check().await {
-        Ok(()) => Json(serde_json::json!({
-            "status": "ok",
-            "version": env!("CARGO_PKG_VERSION"),
-            "kid": state.gate.keys().signer().kid(),
-        }))
-        .into_response(),
+        Ok(()) => {
+            let mut body = serde_json::json!({
+                "status": "ok",
+                "version": env!("CARGO_PKG_VERSION"),
+                "kid": state.gate.keys().signer().kid(),
+            });
+            // The detail is for admins only: with an admin's bearer token.
+            if let Some(detail) = health_detail(&state, &headers).await {
+                body["detail"] = detail;
+            }
+            Json(body).into_response()
+        }
         Err(err) => {
             tracing::warn!(%err, "health check failed");
+            let admin = match super::auth::bearer_token(&headers) {
+                Ok(token) => state
+                    .gate
+                    .authenticate(token)
+                    .await
+                    .is_ok_and(|who| who.role == Role::Admin),
+                Err(_) => false,
+            };
+            let error = if admin {
+                err.to_string()
+            } else {
+                "the database is not answering; the server's log (or /healthz with an admin token) has the details".to_string()
+            };
             (
                 StatusCode::SERVICE_UNAVAILABLE,
-                Json(serde_json::json!({"status": "unavailable", "error": err.to_string()})),
+                Json(serde_json::json!({"status": "unavailable", "error": error})),
             )
                 .into_response()
         }
     }
+}
+
+/// What `/healthz` adds for an admin: the scheduled audit's last result.
+async fn health_detail(state: &AppState, headers: &http::HeaderMap) -> Option<serde_json::Value> {
+    let token = super::auth::bearer_token(headers).ok()?;
+    let who = state.gate.authenticate(token).await.ok()?;
+    if !who.may(countersign_core::Scope::Admin) {
+        return None;
+    }
+    let audit = match crate::audit::last(&state.gate).await {
+        Ok(Some(status)) => serde_json::json!({
+            "status": if status.ok { "ok" } else { "mismatch" },
+            "at": status.at,
+            "entries": status.entries,
+            "rows": status.rows,
+            "differences": status.differences,
+            "shown": status.shown,
+        }),
+        Ok(None) => serde_json::json!({"status": "not run (see [audit] interval)"}),
+        Err(err) => serde_json::json!({"status": "unreadable", "error": err.to_string()}),
+    };
+    Some(serde_json::json!({"audit": audit}))
 }
 
 pub(super) async fn jwks(State(state): State<AppState>) -> Result<Response, ApiError> {
@@ -350,26 +394,11 @@ pub(super) async fn get_evidence(
 pub(super) async fn verify_evidence(
     Caller { gate, .. }: Caller,
     body: axum::body::Bytes,
-) -> Json<crate::views::BundleReportView> {
-    Json(match gate.verify_evidence(&body).await {
-        Ok(report) => report.into(),
-        Err(err) => {
-            tracing::error!(%err, "could not read the published keys");
-            crate::views::BundleReportView {
-                valid: false,
-                reasons: vec![format!(
-                    "the server could not read its keys: {}",
-                    err.public_message()
-                )],
-                subject: None,
-                mode: None,
-                log_origin: None,
-                tree_size: None,
-                events: Vec::new(),
-                decisions: 0,
-            }
-        }
-    })
+) -> Result<Json<crate::views::BundleReportView>, ApiError> {
+    // A busy server (every verification turn taken) is a 503 the client retries; what
+    // the bundle itself gets wrong is in the report.
+    let report = gate.verify_evidence(body.to_vec()).await?;
+    Ok(Json(report.into()))
 }
 
 input!(CheckpointParams { size: Option<u64> });
@@ -406,20 +435,29 @@ pub(super) async fn log_key(
     Ok(Json(serde_json::json!({"origin": origin, "keys": keys})))
 }
 
+/// A log entry: whole to who may read it, else its index, type and commitments only
+/// (the leaf hash still proves its place in the tree).
 pub(super) async fn log_entry(
-    Caller { gate, .. }: Caller,
+    Caller { gate, who, .. }: Caller,
     ApiPath(index): ApiPath<u64>,
 ) -> Result<Json<serde_json::Value>, ApiError> {
     use base64::Engine;
-    let event = gate.log().entry(index).await?;
-    let leaf = countersign_core::merkle::leaf_hash(&event.bytes);
     let engine = base64::engine::general_purpose::STANDARD;
-    Ok(Json(serde_json::json!({
-        "index": index,
-        "leaf_hash": engine.encode(leaf),
-        "entry_base64": engine.encode(&event.bytes),
-        "entry": event.entry,
-    })))
+    Ok(Json(match gate.log_entry(&who, index).await? {
+        EntryShown::Full(event) => serde_json::json!({
+            "index": index,
+            "leaf_hash": engine.encode(countersign_core::merkle::leaf_hash(&event.bytes)),
+            "entry_base64": engine.encode(&event.bytes),
+            "entry": event.entry,
+        }),
+        EntryShown::Redacted(event) => serde_json::json!({
+            "index": index,
+            "leaf_hash": engine.encode(countersign_core::merkle::leaf_hash(&event.bytes)),
+            "type": event.entry.kind,
+            "payload": event.entry.payload,
+            "redacted": true,
+        }),
+    }))
 }
 
 input!(InclusionParams { index: u64, tree_size: Option<u64> });

@@ -16,12 +16,13 @@ pub(super) struct RoomList {
     rooms: Vec<RoomView>,
 }
 
-pub(super) async fn list(Caller { gate, .. }: Caller) -> Result<Json<RoomList>, ApiError> {
+/// The rooms the caller may use, with what waits in each (people who decide: every
+/// room).
+pub(super) async fn list(Caller { gate, who, .. }: Caller) -> Result<Json<RoomList>, ApiError> {
     let rooms = gate.rooms();
-    let attention = rooms.attention().await?;
-    let rooms = rooms
-        .list()
-        .await?
+    let listed = rooms.list_for(&who).await?;
+    let attention = rooms.attention(&listed).await?;
+    let rooms = listed
         .iter()
         .map(|r| RoomView {
             attention: Some(attention.get(&r.name).cloned().unwrap_or_default()),
@@ -47,33 +48,68 @@ pub(super) async fn create(
     Ok(Json(RoomView::new(&room)))
 }
 
-input!(MessagesParams { since: Option<u64>, limit: Option<usize> });
+input!(MessagesParams {
+    since: Option<u64>,
+    limit: Option<usize>,
+    /// The newest messages (before `before`, if given) instead of those after `since`.
+    latest: Option<bool>,
+    before: Option<u64>
+});
 
 #[derive(Debug, Serialize)]
 pub(super) struct RoomMessages {
     room: RoomView,
     messages: Vec<MessageView>,
     next_since: u64,
+    /// With `latest`: pass as `before` to load the page before these ("load older");
+    /// absent when there is nothing older.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    older_before: Option<u64>,
 }
 
 pub(super) async fn messages(
-    Caller { gate, .. }: Caller,
+    Caller { gate, who, .. }: Caller,
     ApiPath(room): ApiPath<String>,
     ApiQuery(params): ApiQuery<MessagesParams>,
 ) -> Result<Json<RoomMessages>, ApiError> {
     let rooms = gate.rooms();
-    let found = rooms.existing(&room).await?;
+    let found = rooms.admitted(&who, &room).await?;
+    let limit = params.limit.unwrap_or(200).clamp(1, 1000);
+    if params.latest.unwrap_or(false) || params.before.is_some() {
+        if params.since.is_some() {
+            return Err(GateError::BadInput(
+                "since reads forward, latest and before read backward: give one or the other"
+                    .into(),
+            )
+            .into());
+        }
+        let messages = rooms
+            .read_latest(&who, &found.name, params.before, limit)
+            .await?;
+        let older_before = match messages.first() {
+            Some(first) if messages.len() == limit => Some(first.seq),
+            _ => None,
+        };
+        let newest = messages.last().map(|m| m.seq);
+        let next = match (params.before, newest) {
+            // The newest page: new messages come after its last one.
+            (None, Some(seq)) => seq,
+            (None, None) => 0,
+            (Some(before), _) => before.saturating_sub(1),
+        };
+        return Ok(Json(RoomMessages {
+            room: RoomView::new(&found),
+            next_since: next,
+            older_before,
+            messages,
+        }));
+    }
     let since = params.since.unwrap_or(0);
-    let messages = rooms
-        .messages(
-            &found.name,
-            since,
-            params.limit.unwrap_or(200).clamp(1, 1000),
-        )
-        .await?;
+    let messages = rooms.read(&who, &found.name, since, limit).await?;
     Ok(Json(RoomMessages {
         room: RoomView::new(&found),
         next_since: next_since(&messages, since),
+        older_before: None,
         messages,
     }))
 }
@@ -103,14 +139,27 @@ pub(super) struct MemberList {
 }
 
 pub(super) async fn members(
-    Caller { gate, .. }: Caller,
+    Caller { gate, who, .. }: Caller,
     ApiPath(room): ApiPath<String>,
 ) -> Result<Json<MemberList>, ApiError> {
     let rooms = gate.rooms();
-    rooms.existing(&room).await?;
+    rooms.admitted(&who, &room).await?;
     Ok(Json(MemberList {
         members: rooms.members(&room).await?,
     }))
+}
+
+input!(AccessBody { allowed: Vec<String> });
+
+/// Restricts a room to named principals and groups (an empty list opens it): its
+/// creator or an admin.
+pub(super) async fn restrict(
+    Caller { gate, who, .. }: Caller,
+    ApiPath(room): ApiPath<String>,
+    ApiJson(body): ApiJson<AccessBody>,
+) -> Result<Json<RoomView>, ApiError> {
+    let room = gate.rooms().restrict(&who, &room, &body.allowed).await?;
+    Ok(Json(RoomView::new(&room)))
 }
 
 input!(AnswerBody { text: String });

@@ -65,7 +65,9 @@ pub fn verify(
     let at: i64 = timestamp
         .parse()
         .map_err(|_| "X-Slack-Request-Timestamp is not a number")?;
-    if (now.millis() / 1000 - at).abs() > MAX_AGE_SECONDS {
+    // Checked arithmetic: a crafted timestamp (i64::MIN) must not overflow.
+    let age = (now.millis() / 1000).checked_sub(at).map(i64::unsigned_abs);
+    if age.is_none_or(|age| age > MAX_AGE_SECONDS.unsigned_abs()) {
         return Err("the request is older than 5 minutes (or its clock is off): refused");
     }
     let hex_sig = sent
@@ -87,8 +89,9 @@ fn refused(status: StatusCode, message: &str) -> Response {
     error_response(status, "slack_signature", message.to_string())
 }
 
-/// A message only the clicking user sees.
+/// A message only the clicking user sees (escaped: it may quote what an agent wrote).
 fn ephemeral(text: &str) -> Value {
+    let text = crate::notify::slack::escape(text);
     json!({"response_type": "ephemeral", "replace_original": false, "text": text})
 }
 
@@ -540,5 +543,28 @@ mod tests {
         assert!(verify(secret, &headers, body, late).is_err());
         assert!(verify("another secret", &headers, body, at).is_err());
         assert!(verify(secret, &headers, b"token=changed", at).is_err());
+    }
+
+    #[test]
+    fn crafted_timestamps_are_refused_without_overflow() {
+        let secret = "s";
+        for timestamp in [
+            i64::MIN.to_string(),
+            i64::MAX.to_string(),
+            (i64::MIN + 1).to_string(),
+        ] {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-slack-request-timestamp", timestamp.parse().unwrap());
+            headers.insert(
+                "x-slack-signature",
+                signature(secret, &timestamp, b"x").parse().unwrap(),
+            );
+            let now = Timestamp::from_millis(1_700_000_000_000).unwrap();
+            assert_eq!(
+                verify(secret, &headers, b"x", now),
+                Err("the request is older than 5 minutes (or its clock is off): refused"),
+                "{timestamp}"
+            );
+        }
     }
 }

@@ -8,12 +8,12 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::extract::{ConnectInfo, FromRequestParts, Path, State};
+use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use axum::response::{IntoResponse, Redirect, Response};
@@ -27,6 +27,7 @@ use tokio_stream::wrappers::BroadcastStream;
 
 use super::AppState;
 use super::auth::{Admin, COOKIE, Dashboard, signed_in};
+use super::client::ClientAddr;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, error_response};
 use crate::accounts::{INVITE_SECONDS, SignIn};
 use crate::error::GateError;
@@ -148,7 +149,8 @@ fn session_cookie(state: &AppState, token: &str, max_age: u64) -> HeaderValue {
 
 // ---- sign-in, accounts ---------------------------------------------------------------
 
-/// Sign-in attempts per client address, so one address cannot try passwords across
+/// Sign-in attempts per client address (IPv6 by /64, behind trusted proxies the
+/// forwarded address: see `client`), so one address cannot try passwords across
 /// accounts faster than the per-account lockout allows.
 #[derive(Default)]
 pub struct Throttle(Mutex<HashMap<IpAddr, (u32, Instant)>>);
@@ -158,7 +160,9 @@ const THROTTLE_MAX: u32 = 20;
 
 impl Throttle {
     fn allow(&self, ip: Option<IpAddr>) -> bool {
-        let Some(ip) = ip else { return true };
+        let Some(ip) = ip.map(super::client::limit_key) else {
+            return true;
+        };
         let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
         map.retain(|_, (_, since)| now.duration_since(*since) < THROTTLE_WINDOW);
@@ -173,27 +177,9 @@ input!(SignInBody {
     password: String
 });
 
-/// The client's address, when the server was started with connection info.
-pub struct ClientIp(Option<IpAddr>);
-
-impl<S: Send + Sync> FromRequestParts<S> for ClientIp {
-    type Rejection = Infallible;
-    async fn from_request_parts(
-        parts: &mut http::request::Parts,
-        _: &S,
-    ) -> Result<Self, Infallible> {
-        Ok(ClientIp(
-            parts
-                .extensions
-                .get::<ConnectInfo<SocketAddr>>()
-                .map(|ConnectInfo(addr)| addr.ip()),
-        ))
-    }
-}
-
 pub(super) async fn sign_in(
     State(state): State<AppState>,
-    ClientIp(ip): ClientIp,
+    ClientAddr(ip): ClientAddr,
     ApiJson(body): ApiJson<SignInBody>,
 ) -> Result<Response, ApiError> {
     if !state.throttle.allow(ip) {

@@ -105,7 +105,7 @@ impl McpService {
             .map_err(|e| {
                 GateError::BadInput(format!("bundle_base64 is not standard base64: {e}"))
             })?;
-        let report = self.gate.verify_evidence(&zip).await?;
+        let report = self.gate.verify_evidence(zip).await?;
         Ok(Json(report.into()))
     }
 }

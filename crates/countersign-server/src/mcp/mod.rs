@@ -54,7 +54,8 @@ enum Need {
     Scope(Scope),
     /// The decide scope, and the operator's `operator_tools = true`.
     OperatorTools,
-    /// The rooms and decide scopes (removing members).
+    /// The rooms and decide scopes and, like the operator tools, `operator_tools =
+    /// true` (removing members over MCP, as docs/rooms.md says).
     RoomAdmin,
     /// To be the reviewer the operator named (with the evidence scope).
     Reviewer,
@@ -151,7 +152,9 @@ impl McpService {
         match need {
             Need::Scope(scope) => who.may(scope),
             Need::OperatorTools => self.operator_tools_enabled && who.may(Scope::Decide),
-            Need::RoomAdmin => who.may(Scope::Rooms) && who.may(Scope::Decide),
+            Need::RoomAdmin => {
+                self.operator_tools_enabled && who.may(Scope::Rooms) && who.may(Scope::Decide)
+            }
             Need::Reviewer => self.gate.is_reviewer(who),
         }
     }
@@ -164,7 +167,7 @@ impl McpService {
                 who.id, who.role, who.scopes
             ),
             Need::OperatorTools => "is an operator tool: it needs operator_tools = true in the server's config and an approver or admin token with the decide scope".into(),
-            Need::RoomAdmin => "is for room admins: it needs an approver or admin token with the rooms and decide scopes".into(),
+            Need::RoomAdmin => "is for room admins: it needs operator_tools = true in the server's config and an approver or admin token with the rooms and decide scopes".into(),
             Need::Reviewer => "is for the reviewer the operator named in [review] reviewer".into(),
         }
     }

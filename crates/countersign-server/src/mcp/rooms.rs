@@ -2,8 +2,8 @@
 //! (`wait_for_feedback`) and the hard one (`report_blocker`, `wait_for_resolution`),
 //! and, for people who decide, removing a member.
 
-use countersign_core::Decider;
 use countersign_core::rooms::{Member, MessageView, Room, next_since};
+use countersign_core::{Decider, Principal};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::service::RequestContext;
 use rmcp::{Json, RoleServer, tool, tool_router};
@@ -144,6 +144,23 @@ pub struct ResolutionOutput {
 
 #[derive(Debug, Clone, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct RestrictInput {
+    pub room: String,
+    /// Who besides you (its creator) and the people who decide may join, read and
+    /// post: principal ids (token:deploy-bot, user:alice) and group:<name>s from the
+    /// server's [groups]. An empty list opens the room to anyone again.
+    pub allowed: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RestrictOutput {
+    pub room: String,
+    /// Empty: the room is open to anyone.
+    pub allowed: Vec<String>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct KickInput {
     pub room: String,
     /// The member's id, as listed by join_room (e.g. token:deploy-bot).
@@ -197,15 +214,17 @@ impl McpService {
         Parameters(input): Parameters<ReadMessagesInput>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<MessagesOutput>, ToolError> {
-        self.caller(&ctx)?;
+        let who = self.caller(&ctx)?;
         let since = input.since.unwrap_or(0);
-        if self.gate.rooms().room(&input.room).await?.is_none() {
-            return Err(GateError::NotFound(format!("room {}", input.room)).into());
-        }
         let messages = self
             .gate
             .rooms()
-            .messages(&input.room, since, input.limit.unwrap_or(50).clamp(1, 500))
+            .read(
+                &who,
+                &input.room,
+                since,
+                input.limit.unwrap_or(50).clamp(1, 500),
+            )
             .await?;
         Ok(Json(messages_output(messages, since, false)))
     }
@@ -219,13 +238,13 @@ impl McpService {
         Parameters(input): Parameters<WaitMessageInput>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<MessagesOutput>, ToolError> {
-        self.caller(&ctx)?;
+        let who = self.caller(&ctx)?;
         let timeout = wait_time(input.timeout_seconds, 30)?;
         let since = input.since.unwrap_or(0);
         let messages = self
             .gate
             .rooms()
-            .wait_for_message(&input.room, since, timeout)
+            .wait_for_message(&who, &input.room, since, timeout)
             .await?;
         let timed_out = messages.is_empty();
         Ok(Json(messages_output(messages, since, timed_out)))
@@ -247,7 +266,7 @@ impl McpService {
     ) -> Result<Json<RoomOutput>, ToolError> {
         let who = self.caller(&ctx)?;
         let (room, _) = self.gate.rooms().join(&who, &input.room).await?;
-        self.room_output(room).await
+        self.room_output(&who, room).await
     }
 
     #[tool(
@@ -272,7 +291,7 @@ impl McpService {
             .room(&input.room)
             .await?
             .ok_or_else(|| GateError::NotFound(format!("room {}", input.room)))?;
-        self.room_output(room).await
+        self.room_output(&who, room).await
     }
 
     #[tool(
@@ -371,6 +390,32 @@ impl McpService {
     }
 
     #[tool(
+        description = "Restrict a room you created (admins: any room) to named agents, people and groups; others are then refused. An empty list opens it again.",
+        annotations(
+            read_only_hint = false,
+            destructive_hint = false,
+            idempotent_hint = true,
+            open_world_hint = false
+        )
+    )]
+    async fn restrict_room(
+        &self,
+        Parameters(input): Parameters<RestrictInput>,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<RestrictOutput>, ToolError> {
+        let who = self.caller(&ctx)?;
+        let room = self
+            .gate
+            .rooms()
+            .restrict(&who, &input.room, &input.allowed)
+            .await?;
+        Ok(Json(RestrictOutput {
+            room: room.name,
+            allowed: room.allowed,
+        }))
+    }
+
+    #[tool(
         description = "Wait until a person resolves your blocker (or timeout_seconds pass, default 45, max 300; call again to keep waiting). Returns their reply.",
         annotations(read_only_hint = true, open_world_hint = false)
     )]
@@ -379,12 +424,12 @@ impl McpService {
         Parameters(input): Parameters<ResolutionInput>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ResolutionOutput>, ToolError> {
-        self.caller(&ctx)?;
+        let who = self.caller(&ctx)?;
         let timeout = wait_time(input.timeout_seconds, 45)?;
         let reply = self
             .gate
             .rooms()
-            .wait_for_reply(&input.room, &input.blocker_id, timeout)
+            .wait_for_reply(&who, &input.room, &input.blocker_id, timeout)
             .await?;
         Ok(Json(match reply {
             Some(r) => ResolutionOutput {
@@ -421,7 +466,8 @@ impl McpService {
         Parameters(input): Parameters<KickInput>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<RoomOutput>, ToolError> {
-        let decider = Decider::new(self.caller(&ctx)?)?;
+        let who = self.caller(&ctx)?;
+        let decider = Decider::new(who.clone())?;
         self.gate
             .rooms()
             .kick(&decider, &input.room, &input.member)
@@ -432,7 +478,7 @@ impl McpService {
             .room(&input.room)
             .await?
             .ok_or_else(|| GateError::NotFound(format!("room {}", input.room)))?;
-        self.room_output(room).await
+        self.room_output(&who, room).await
     }
 }
 
@@ -450,8 +496,18 @@ fn member_view(m: &Member) -> MemberView {
 }
 
 impl McpService {
-    async fn room_output(&self, room: Room) -> Result<Json<RoomOutput>, ToolError> {
-        let members = self.gate.rooms().members(&room.name).await?;
+    /// A room and, when `who` may use it, its members.
+    async fn room_output(
+        &self,
+        who: &Principal,
+        room: Room,
+    ) -> Result<Json<RoomOutput>, ToolError> {
+        let rooms = self.gate.rooms();
+        let members = if room.admits(who, rooms.groups()) {
+            rooms.members(&room.name).await?
+        } else {
+            Vec::new()
+        };
         Ok(Json(RoomOutput {
             room: room.name,
             title: room.title,

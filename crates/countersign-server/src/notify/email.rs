@@ -51,7 +51,7 @@ fn html_esc(text: &str) -> String {
 fn one_line(text: &str, max: usize) -> String {
     let flat: String = text
         .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| if surprising(c) { ' ' } else { c })
         .collect();
     if flat.chars().count() <= max {
         flat
@@ -60,6 +60,21 @@ fn one_line(text: &str, max: usize) -> String {
         out.push('…');
         out
     }
+}
+
+/// Characters that would break a header line (CR, LF and every other control), or make
+/// a line read other than it is written: line and paragraph separators, bidirectional
+/// overrides and isolates (which can turn "exe.txt" into "txt.exe"), and zero-width ones.
+fn surprising(c: char) -> bool {
+    c.is_control()
+        || matches!(
+            c,
+            '\u{2028}' | '\u{2029}'
+                | '\u{200B}'..='\u{200F}'
+                | '\u{202A}'..='\u{202E}'
+                | '\u{2066}'..='\u{2069}'
+                | '\u{FEFF}'
+        )
 }
 
 /// Subject, text and HTML of an email about `request`. `ask`: a request for a decision
@@ -331,4 +346,18 @@ fn approver_of<'a>(config: &'a EmailConfig, address: &str) -> Option<&'a str> {
         .unwrap_or_else(|_| address.to_string())
         .to_ascii_lowercase();
     config.approvers.get(&bare).map(String::as_str)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn subjects_are_one_plain_line() {
+        let crafted = "Pay\r\nBcc: everyone@example.com\u{2028}now \u{202E}txt.exe\u{200B}";
+        let subject = one_line(crafted, 120);
+        assert_eq!(subject, "Pay  Bcc: everyone@example.com now  txt.exe ");
+        assert!(!subject.chars().any(surprising));
+        assert_eq!(one_line("abcdef", 4), "abc…");
+    }
 }

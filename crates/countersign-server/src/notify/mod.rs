@@ -14,6 +14,7 @@
 //! This module is outbound only: the inbound side of Slack and email (clicks, decision
 //! links) lives in `http/`, and nothing here knows of `http/` or `mcp/`.
 
+mod digest;
 pub mod email;
 mod outbox;
 mod plan;
@@ -32,6 +33,7 @@ use crate::error::GateError;
 use crate::gate::Gate;
 use smtp::SmtpUrl;
 
+pub use digest::DigestConfig;
 pub use outbox::Notifier;
 pub use plan::plan;
 
@@ -139,6 +141,9 @@ pub struct NotifyConfig {
     pub email: Option<EmailConfig>,
     /// How people reach this server, for links in messages.
     pub public_url: String,
+    /// Beyond this many new-request notifications per requester and window, a digest
+    /// instead of one message each (`None`: every request is notified on its own).
+    pub digest: Option<DigestConfig>,
 }
 
 impl Default for NotifyConfig {
@@ -154,6 +159,7 @@ impl Default for NotifyConfig {
             slack: None,
             email: None,
             public_url: String::new(),
+            digest: None,
         }
     }
 }
@@ -494,7 +500,7 @@ pub(crate) fn message_id(origin: &str, delivery_id: &str) -> String {
 
 /// The event types notifications are sent for (webhooks subscribe to these), with
 /// the log event each names.
-const NOTIFIED: [(countersign_core::EventKind, &str); 7] = {
+const NOTIFIED: [(countersign_core::EventKind, &str); 8] = {
     use countersign_core::EventKind::*;
     [
         (RequestCreated, "request.created"),
@@ -504,12 +510,13 @@ const NOTIFIED: [(countersign_core::EventKind, &str); 7] = {
         (ActionRecorded, "action.recorded"),
         (ProofRedeemed, "proof.redeemed"),
         (OutcomeRecorded, "outcome.recorded"),
+        (AuditMismatch, "audit.mismatch"),
     ]
 };
 
 /// The event types a webhook may subscribe to.
-pub const EVENT_TYPES: [&str; 7] = {
-    let mut names = [""; 7];
+pub const EVENT_TYPES: [&str; 8] = {
+    let mut names = [""; 8];
     let mut i = 0;
     while i < NOTIFIED.len() {
         names[i] = NOTIFIED[i].1;

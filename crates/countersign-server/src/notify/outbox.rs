@@ -207,8 +207,11 @@ impl Notifier {
     }
 
     async fn transport(&self, delivery: &Delivery, later: &mut Vec<Delivery>) -> SendResult {
+        if delivery.event_type == super::digest::EVENT_TYPE {
+            return super::digest::send(&self.out, delivery).await;
+        }
         match &delivery.channel {
-            DeliveryChannel::Webhook { name, url } => {
+            DeliveryChannel::Webhook { name, .. } => {
                 let Some(config) = self.out.config.webhooks.iter().find(|w| &w.name == name) else {
                     return Err(format!("webhook {name} is no longer configured"));
                 };
@@ -217,7 +220,7 @@ impl Notifier {
                 };
                 webhook::send(
                     &self.out.http,
-                    url,
+                    &config.url,
                     &config.secret,
                     &delivery.message_id,
                     self.now(),

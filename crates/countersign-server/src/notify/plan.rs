@@ -63,9 +63,11 @@ pub async fn plan(
                 format!("{:012}.webhook.{}", event.seq, webhook.name),
                 event.entry.subject.clone(),
                 kind,
+                // The history shows the URL redacted; the sender takes it from the
+                // config by name.
                 DeliveryChannel::Webhook {
                     name: webhook.name.clone(),
-                    url: webhook.url.clone(),
+                    url: super::webhook::redact_url(&webhook.url),
                 },
                 now,
             );
@@ -76,7 +78,11 @@ pub async fn plan(
     }
     if let Some(request) = &request {
         match kind {
-            "request.created" => out.extend(route_deliveries(config, gate, request, event, now)),
+            // A request a policy decided at once asks nobody (webhooks still hear of it).
+            "request.created" if decided_by_rule(request) => {}
+            "request.created" => {
+                out.extend(created_deliveries(config, gate, request, event, now).await?)
+            }
             "request.decided" | "request.timed_out" | "request.cancelled" => {
                 out.extend(closing_deliveries(config, gate, request, kind, now).await?);
             }
@@ -84,6 +90,14 @@ pub async fn plan(
         }
     }
     Ok(out)
+}
+
+/// Whether a rule (a policy, or a timeout's fallback) decided `request`.
+fn decided_by_rule(request: &ApprovalRequest) -> bool {
+    request
+        .decision
+        .as_ref()
+        .is_some_and(|d| d.authorization_type == countersign_core::AuthorizationType::Policy)
 }
 
 /// Whether this server can deliver to `route` (its transport is configured).
@@ -226,6 +240,32 @@ fn channel_of(route: &Route, reminder: bool) -> (DeliveryChannel, String) {
             format!("email.{to}"),
         ),
     }
+}
+
+/// A new request: its own messages, or, when its requester has sent more than
+/// `[limits] notifications_per_agent` in this window, a place in the window's digest
+/// (one per route; planning it again plans nothing new).
+async fn created_deliveries(
+    config: &NotifyConfig,
+    gate: &Gate,
+    request: &ApprovalRequest,
+    event: &StoredEvent,
+    now: Timestamp,
+) -> Result<Vec<Delivery>, GateError> {
+    if let Some(digest) = &config.digest
+        && let super::digest::Admit::Digest { window, due } =
+            super::digest::admit(digest, gate, request, event, now).await?
+    {
+        return Ok(routing(config, request)
+            .primary
+            .iter()
+            .map(|route| {
+                let (channel, target) = channel_of(route, false);
+                super::digest::delivery(gate, &window, due, channel, &target, now)
+            })
+            .collect());
+    }
+    Ok(route_deliveries(config, gate, request, event, now))
 }
 
 /// A new request: its Slack messages or emails, and a history line for each route not

@@ -33,7 +33,35 @@ pub fn signature(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> Result<
     ))
 }
 
-/// Posts one message; any 2xx is success.
+/// `url` as logs and the delivery history show it: a password or user in it, its query
+/// string (where tokens often travel) and its fragment replaced by `***`, so a secret
+/// put in a webhook URL appears nowhere but the config.
+pub fn redact_url(url: &str) -> String {
+    let Ok(mut parsed) = reqwest::Url::parse(url) else {
+        return "(an unreadable URL)".to_string();
+    };
+    if !parsed.username().is_empty() || parsed.password().is_some() {
+        let _ = parsed.set_username("***");
+        let _ = parsed.set_password(None);
+    }
+    if parsed.query().is_some() {
+        parsed.set_query(Some("***"));
+    }
+    if parsed.fragment().is_some() {
+        parsed.set_fragment(Some("***"));
+    }
+    parsed.to_string()
+}
+
+/// Whether a plain `http://` URL goes only to this machine (`https://` always may).
+pub fn is_plain_http_off_machine(url: &str) -> bool {
+    match reqwest::Url::parse(url) {
+        Ok(u) if u.scheme() == "http" => !u.host_str().is_some_and(crate::hosts::is_loopback),
+        _ => false,
+    }
+}
+
+/// Posts one message; any 2xx is success. Errors name the URL redacted.
 pub async fn send(
     http: &reqwest::Client,
     url: &str,
@@ -53,18 +81,36 @@ pub async fn send(
         .body(body.to_vec())
         .send()
         .await
-        .map_err(|e| format!("could not reach {url}: {e}"))?;
+        // The error's own text would repeat the URL whole.
+        .map_err(|e| format!("could not reach {}: {}", redact_url(url), e.without_url()))?;
     let status = response.status();
     if status.is_success() {
         Ok(Some(serde_json::json!({"status": status.as_u16()})))
     } else {
-        Err(format!("{url} answered {status}"))
+        Err(format!("{} answered {status}", redact_url(url)))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn secrets_in_urls_are_redacted() {
+        assert_eq!(
+            redact_url("https://bot:hunter2@hooks.example.com/in/abc?token=s3cret#frag"),
+            "https://***@hooks.example.com/in/abc?***#***"
+        );
+        assert_eq!(
+            redact_url("https://hooks.example.com/countersign"),
+            "https://hooks.example.com/countersign"
+        );
+        assert!(!redact_url("http://:pw@127.0.0.1:9/x").contains("pw"));
+        assert!(is_plain_http_off_machine("http://hooks.example.com/x"));
+        assert!(!is_plain_http_off_machine("http://127.0.0.1:9/x"));
+        assert!(!is_plain_http_off_machine("http://[::1]:9/x"));
+        assert!(!is_plain_http_off_machine("https://hooks.example.com/x"));
+    }
 
     #[test]
     fn matches_the_standard_webhooks_reference_example() {

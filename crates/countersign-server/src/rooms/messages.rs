@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use countersign_core::rooms::{
-    self, Attention, MessageType, MessageView, Presence, message_event, room_event,
+    self, Attention, MessageType, MessageView, Presence, Room, message_event, room_event,
 };
 use countersign_core::{ApprovalRequest, Decider, Event, EventKind, Principal, Role, Status};
 use countersign_store::{Docs, RequestQuery, StoreError};
@@ -32,6 +32,34 @@ impl HumanGate {
         }
     }
 }
+
+/// What an approval shown in a room says to a reader who neither decides nor asked for
+/// it: the request's id, not its description.
+pub const APPROVAL_SEEN_BY_OTHERS: &str =
+    "approval requested (its description is shown to approvers and the requester only)";
+
+/// `messages` as `who` may read them: the text of an approval shown in the room is the
+/// requester's and the deciders' to read.
+fn shown_to(who: &Principal, mut messages: Vec<MessageView>) -> Vec<MessageView> {
+    if who.role.may_decide() {
+        return messages;
+    }
+    for m in &mut messages {
+        if m.kind == MessageType::Approval.as_str()
+            && m.author_id.as_deref() != Some(who.id.as_str())
+            && m.text.is_some()
+        {
+            m.text = Some(match &m.reference {
+                Some(id) => format!("{id}: {APPROVAL_SEEN_BY_OTHERS}"),
+                None => APPROVAL_SEEN_BY_OTHERS.to_string(),
+            });
+        }
+    }
+    messages
+}
+
+/// How many of a room's events one read takes at most.
+const PAGE_EVENTS: usize = 500;
 
 fn message_seq(id: &str) -> Result<u64, GateError> {
     rooms::seq_of(id)
@@ -61,6 +89,10 @@ impl Rooms {
     ) -> Result<MessageView, GateError> {
         let text = rooms::message_text("text", text)?;
         let room = self.open_room(who, room).await?;
+        // An approval is limited by the requests its agent may have pending instead.
+        if kind != MessageType::Approval {
+            self.rate.take(&who.id)?;
+        }
         if who.role == Role::Agent {
             self.touch(who, &room.name, kind.presence(), None).await?;
         }
@@ -81,45 +113,164 @@ impl Rooms {
         })
     }
 
-    /// A room's messages after `since` (a seq), oldest first, at most `limit`.
-    pub async fn messages(
+    /// A room's messages after `since` as `who` may read them: refused when the room is
+    /// restricted to others; an approval shown there reads as its request id only,
+    /// unless `who` decides or asked for it.
+    pub async fn read(
+        &self,
+        who: &Principal,
+        room: &str,
+        since: u64,
+        limit: usize,
+    ) -> Result<Vec<MessageView>, GateError> {
+        self.admitted(who, room).await?;
+        Ok(shown_to(who, self.messages(room, since, limit).await?))
+    }
+
+    /// A room's messages after `since` (a seq), oldest first, at most `limit`. Reads
+    /// the room's events from `since` on, by index, never the history before it.
+    pub(crate) async fn messages(
         &self,
         room: &str,
         since: u64,
         limit: usize,
     ) -> Result<Vec<MessageView>, GateError> {
         let room = rooms::room_name(room)?;
-        let events = self.store.events_of_subject(&rooms::subject(&room)).await?;
+        let mut out = Vec::new();
+        let mut cursor = since;
+        while out.len() < limit {
+            let (page, read_to, more) = self.page_after(&room, cursor, limit - out.len()).await?;
+            out.extend(page);
+            cursor = read_to;
+            if !more {
+                break;
+            }
+        }
+        Ok(out)
+    }
+
+    /// Up to `limit` messages after `after`, from one page of the room's events: the
+    /// messages, the last seq read, and whether more events may follow.
+    async fn page_after(
+        &self,
+        room: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<(Vec<MessageView>, u64, bool), GateError> {
+        let events = self
+            .read_events(room, after, limit.clamp(1, PAGE_EVENTS))
+            .await?;
+        let Some(last) = events.last().map(|e| e.seq) else {
+            return Ok((Vec::new(), after, false));
+        };
+        let more = events.len() >= limit.clamp(1, PAGE_EVENTS);
         let entries: Vec<(u64, &countersign_core::LogEntry)> =
             events.iter().map(|e| (e.seq, &e.entry)).collect();
         let payloads = self
             .store
-            .payloads(&rooms::message_seqs(&entries, since, limit))
+            .payloads(&rooms::message_seqs(&entries, after, limit))
             .await?;
-        Ok(rooms::messages(&entries, &payloads, since, limit))
+        let mut messages = rooms::messages(&entries, &payloads, after, limit);
+        // A question's answer may lie beyond this page: whether it is still open is the
+        // closing document's to say (written with the answer, in one transaction).
+        let closed = Docs::<ClosedDocs>::new(&*self.store);
+        for m in messages.iter_mut().filter(|m| m.open.is_some()) {
+            m.open = Some(closed.get(&format!("{room}/{}", m.id)).await?.is_none());
+        }
+        // Cut at `limit` messages: continue after the last one returned.
+        let read_to = if messages.len() >= limit {
+            messages.last().map_or(last, |m| m.seq)
+        } else {
+            last
+        };
+        Ok((messages, read_to, more || read_to < last))
+    }
+
+    /// The room's events after `after`, at most `limit`, counted in [`Self::events_read`].
+    pub(super) async fn read_events(
+        &self,
+        room: &str,
+        after: u64,
+        limit: usize,
+    ) -> Result<Vec<countersign_store::StoredEvent>, GateError> {
+        let events = self
+            .store
+            .events_of_subject_after(&rooms::subject(room), after, limit)
+            .await?;
+        self.events_read
+            .fetch_add(events.len() as u64, std::sync::atomic::Ordering::Relaxed);
+        Ok(events)
+    }
+
+    /// The newest `limit` messages before seq `before` (`None`: the newest of all),
+    /// oldest first, as `who` may read them: the end of a long room, and the page
+    /// before it ("load older").
+    pub async fn read_latest(
+        &self,
+        who: &Principal,
+        room: &str,
+        before: Option<u64>,
+        limit: usize,
+    ) -> Result<Vec<MessageView>, GateError> {
+        let room = self.admitted(who, room).await?.name;
+        let mut before = before.unwrap_or(u64::MAX);
+        let mut out: Vec<MessageView> = Vec::new();
+        while out.len() < limit {
+            let events = self
+                .store
+                .events_of_subject_before(&rooms::subject(&room), before, PAGE_EVENTS)
+                .await?;
+            self.events_read
+                .fetch_add(events.len() as u64, std::sync::atomic::Ordering::Relaxed);
+            let Some(first) = events.first().map(|e| e.seq) else {
+                break;
+            };
+            let after = first.saturating_sub(1);
+            let entries: Vec<(u64, &countersign_core::LogEntry)> =
+                events.iter().map(|e| (e.seq, &e.entry)).collect();
+            let seqs = rooms::message_seqs(&entries, after, usize::MAX);
+            let payloads = self.store.payloads(&seqs).await?;
+            let mut page = rooms::messages(&entries, &payloads, after, usize::MAX);
+            let closed = Docs::<ClosedDocs>::new(&*self.store);
+            for m in page.iter_mut().filter(|m| m.open.is_some()) {
+                m.open = Some(closed.get(&format!("{room}/{}", m.id)).await?.is_none());
+            }
+            let keep = page.len().min(limit - out.len());
+            let mut kept = page.split_off(page.len() - keep);
+            kept.append(&mut out);
+            out = kept;
+            if events.len() < PAGE_EVENTS {
+                break;
+            }
+            before = first;
+        }
+        Ok(shown_to(who, out))
     }
 
     /// Waits for a message after `since` (by anyone), up to `timeout`; returns the new
-    /// messages (empty when the time ran out). Woken by the message itself.
+    /// messages (empty when the time ran out), as `who` may read them. Woken by the
+    /// message itself; each wake reads only what came after what it read before.
     pub async fn wait_for_message(
         &self,
+        who: &Principal,
         room: &str,
         since: u64,
         timeout: Duration,
     ) -> Result<Vec<MessageView>, GateError> {
         let room = rooms::room_name(room)?;
-        self.existing(&room).await?;
+        self.admitted(who, &room).await?;
         let mut watch = self.feed.watch(&rooms::subject(&room));
         let deadline = Instant::now() + timeout;
+        let mut cursor = since;
         loop {
-            let new: Vec<MessageView> = self
-                .messages(&room, since, 100)
-                .await?
+            let (page, read_to, _) = self.page_after(&room, cursor, 100).await?;
+            cursor = read_to;
+            let new: Vec<MessageView> = page
                 .into_iter()
                 .filter(|m| !rooms::is_chatter(&m.kind))
                 .collect();
             if !new.is_empty() {
-                return Ok(new);
+                return Ok(shown_to(who, new));
             }
             tokio::select! {
                 _ = watch.changed() => {}
@@ -138,7 +289,7 @@ impl Rooms {
     ) -> Result<(String, MessageView), GateError> {
         let room = rooms::room_name(room)?;
         let seq = message_seq(id)?;
-        let mut messages = self.messages(&room, seq - 1, 1).await?;
+        let mut messages = self.messages(&room, seq.saturating_sub(1), 1).await?;
         match messages.pop() {
             Some(m) if m.seq == seq && m.kind == gate.kind() => Ok((room, m)),
             _ => Err(GateError::NotFound(format!(
@@ -222,18 +373,28 @@ impl Rooms {
     /// or blocker); `None` when none came.
     pub async fn wait_for_reply(
         &self,
+        who: &Principal,
         room: &str,
         id: &str,
         timeout: Duration,
     ) -> Result<Option<MessageView>, GateError> {
         let room = rooms::room_name(room)?;
+        self.admitted(who, &room).await?;
         let seq = message_seq(id)?;
         let mut watch = self.feed.watch(&rooms::subject(&room));
         let deadline = Instant::now() + timeout;
+        // From the question on, then only what is new on each wake.
+        let mut cursor = seq;
         loop {
-            let reply = rooms::reply_to(self.messages(&room, seq, usize::MAX).await?, id);
-            if reply.is_some() {
-                return Ok(reply);
+            loop {
+                let (page, read_to, more) = self.page_after(&room, cursor, PAGE_EVENTS).await?;
+                cursor = read_to;
+                if let Some(reply) = rooms::reply_to(page, id) {
+                    return Ok(shown_to(who, vec![reply]).into_iter().next());
+                }
+                if !more {
+                    break;
+                }
             }
             tokio::select! {
                 _ = watch.changed() => {}
@@ -261,6 +422,25 @@ impl Rooms {
         Ok(())
     }
 
+    /// The open questions and blockers of `room`, from its tally: only the events
+    /// after the last one counted are read (the first call in a process reads the
+    /// room's history once).
+    async fn open_gates(&self, room: &str) -> Result<Attention, GateError> {
+        let mut tally = self.tally(room)?;
+        loop {
+            let events = self.read_events(room, tally.last_seq, PAGE_EVENTS).await?;
+            for event in &events {
+                tally.count(event.seq, &event.entry);
+            }
+            if events.len() < PAGE_EVENTS {
+                break;
+            }
+        }
+        let attention = tally.attention();
+        self.keep_tally(room, tally)?;
+        Ok(attention)
+    }
+
     /// Reports a blocker: the agent stops until a person resolves it.
     pub async fn report_blocker(
         &self,
@@ -283,7 +463,7 @@ impl Rooms {
         let asked = self
             .post(who, room, question, MessageType::Question, None)
             .await?;
-        let answer = self.wait_for_reply(room, &asked.id, timeout).await?;
+        let answer = self.wait_for_reply(who, room, &asked.id, timeout).await?;
         if answer.is_some() {
             self.touch(who, &rooms::room_name(room)?, Some(Presence::Working), None)
                 .await?;
@@ -291,18 +471,15 @@ impl Rooms {
         Ok((asked, answer))
     }
 
-    /// What waits for a person in each open room: pending approvals shown there, open
-    /// questions, open blockers.
-    pub async fn attention(&self) -> Result<BTreeMap<String, Attention>, GateError> {
+    /// What waits for a person in each of `listed` that is open: pending approvals
+    /// shown there, open questions, open blockers.
+    pub async fn attention(
+        &self,
+        listed: &[Room],
+    ) -> Result<BTreeMap<String, Attention>, GateError> {
         let mut out = BTreeMap::new();
-        for room in self
-            .list()
-            .await?
-            .into_iter()
-            .filter(|r| r.deleted_at.is_none())
-        {
-            let messages = self.messages(&room.name, 0, usize::MAX).await?;
-            out.insert(room.name.clone(), Attention::of(&messages));
+        for room in listed.iter().filter(|r| r.deleted_at.is_none()) {
+            out.insert(room.name.clone(), self.open_gates(&room.name).await?);
         }
         let now = self.now();
         for request in self

@@ -6,12 +6,13 @@
 
 mod members;
 mod messages;
+mod rate;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use countersign_core::rooms::{self, Room, room_event};
-use countersign_core::{Clock, Decider, Event, EventKind, Principal, Timestamp};
+use countersign_core::{Clock, Decider, Event, EventKind, Groups, Principal, Timestamp};
 use countersign_store::{ChangeFeed, Docs, Store, StoreError, Stored, collection, kinds};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -21,6 +22,7 @@ use crate::ids::new_salt;
 
 pub use countersign_core::rooms::{Attention, Member, MessageView};
 pub use messages::HumanGate;
+pub use rate::DEFAULT_MESSAGES_PER_MINUTE;
 
 collection!(
     /// Rooms, by name.
@@ -47,6 +49,68 @@ pub struct Rooms {
     backup_dir: Option<PathBuf>,
     /// Cancelled when the process shuts down: waits return at once.
     stopping: CancellationToken,
+    /// The `[groups]` a room may be restricted to.
+    groups: Groups,
+    /// How fast one principal may post.
+    rate: rate::RateLimit,
+    /// Each room's open questions and blockers, as counted so far from its events.
+    tallies: std::sync::Mutex<std::collections::HashMap<String, Tally>>,
+    /// How many room events this service has read from the store (a measure of what
+    /// listing and waiting cost, for tests and benchmarks).
+    events_read: std::sync::atomic::AtomicU64,
+}
+
+/// A room's questions and blockers still open, counted from its events up to
+/// `last_seq`; counting goes on from there.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Tally {
+    last_seq: u64,
+    questions: std::collections::BTreeSet<String>,
+    blockers: std::collections::BTreeSet<String>,
+}
+
+impl Tally {
+    fn count(&mut self, seq: u64, entry: &countersign_core::LogEntry) {
+        if seq <= self.last_seq {
+            return;
+        }
+        self.last_seq = seq;
+        let reference = || {
+            entry
+                .data
+                .get("ref")
+                .and_then(|r| r.as_str())
+                .map(str::to_string)
+        };
+        match entry.kind {
+            EventKind::MessagePosted => {
+                match entry.data.get("type").and_then(|t| t.as_str()) {
+                    Some("question") => self.questions.insert(format!("m{seq}")),
+                    Some("blocker") => self.blockers.insert(format!("m{seq}")),
+                    _ => false,
+                };
+            }
+            EventKind::QuestionAnswered => {
+                if let Some(r) = reference() {
+                    self.questions.remove(&r);
+                }
+            }
+            EventKind::BlockerResolved => {
+                if let Some(r) = reference() {
+                    self.blockers.remove(&r);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn attention(&self) -> Attention {
+        Attention {
+            approvals: 0,
+            questions: self.questions.len(),
+            blockers: self.blockers.len(),
+        }
+    }
 }
 
 /// What a purge writes before erasing: the room and its messages with their texts.
@@ -91,6 +155,8 @@ impl Rooms {
         clock: Arc<dyn Clock>,
         backup_dir: Option<PathBuf>,
         stopping: CancellationToken,
+        groups: Groups,
+        messages_per_minute: u32,
     ) -> Self {
         Self {
             store,
@@ -98,7 +164,44 @@ impl Rooms {
             clock,
             backup_dir,
             stopping,
+            groups,
+            rate: rate::RateLimit::new(messages_per_minute),
+            tallies: std::sync::Mutex::new(std::collections::HashMap::new()),
+            events_read: std::sync::atomic::AtomicU64::new(0),
         }
+    }
+
+    /// How many room events this service has read from the store so far.
+    pub fn events_read(&self) -> u64 {
+        self.events_read.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn tally(&self, room: &str) -> Result<Tally, GateError> {
+        Ok(self
+            .tallies
+            .lock()
+            .map_err(|_| GateError::Internal("the room tallies' lock was poisoned".into()))?
+            .get(room)
+            .cloned()
+            .unwrap_or_default())
+    }
+
+    /// Keeps `tally` unless another caller counted further meanwhile.
+    fn keep_tally(&self, room: &str, tally: Tally) -> Result<(), GateError> {
+        let mut tallies = self
+            .tallies
+            .lock()
+            .map_err(|_| GateError::Internal("the room tallies' lock was poisoned".into()))?;
+        let entry = tallies.entry(room.to_string()).or_default();
+        if tally.last_seq >= entry.last_seq {
+            *entry = tally;
+        }
+        Ok(())
+    }
+
+    /// The `[groups]` rooms may be restricted to.
+    pub fn groups(&self) -> &Groups {
+        &self.groups
     }
 
     fn now(&self) -> Timestamp {
@@ -133,6 +236,34 @@ impl Rooms {
             .ok_or_else(|| GateError::NotFound(format!("room {name}")))
     }
 
+    /// The room named `name`, if `who` may use it: `not_found` when it does not exist,
+    /// `forbidden` when it is restricted to others.
+    pub async fn admitted(&self, who: &Principal, name: &str) -> Result<Room, GateError> {
+        let room = self.existing(name).await?;
+        room.check_admits(who, &self.groups)?;
+        Ok(room)
+    }
+
+    /// Refuses `who` in room `name` when the room exists and is in the trash or
+    /// restricted to others (a room that does not exist yet is created on first use).
+    pub async fn check_may_post(&self, who: &Principal, name: &str) -> Result<(), GateError> {
+        if let Some(room) = self.room(name).await? {
+            room.check_open()?;
+            room.check_admits(who, &self.groups)?;
+        }
+        Ok(())
+    }
+
+    /// The rooms `who` may use (people who decide: every room, the trashed included).
+    pub async fn list_for(&self, who: &Principal) -> Result<Vec<Room>, GateError> {
+        Ok(self
+            .list()
+            .await?
+            .into_iter()
+            .filter(|r| r.admits(who, &self.groups))
+            .collect())
+    }
+
     /// Every room, the trashed ones included.
     pub async fn list(&self) -> Result<Vec<Room>, GateError> {
         Ok(self
@@ -149,6 +280,7 @@ impl Rooms {
         match self.room(name).await? {
             Some(room) => {
                 room.check_open()?;
+                room.check_admits(who, &self.groups)?;
                 Ok(room)
             }
             None => self.create(who, name, None).await,
@@ -188,10 +320,11 @@ impl Rooms {
     }
 
     /// Changes a room with `change` (false: nothing to do) and records `kind` with
-    /// `data` when it did. People who decide only.
+    /// `data` when it did. Who may is for `change` to check (callers pass a `Decider`'s
+    /// principal, except for restricting, which a room's creator may do too).
     async fn administer(
         &self,
-        who: &Decider,
+        who: &Principal,
         name: &str,
         kind: EventKind,
         change: impl FnOnce(&mut Room, Timestamp) -> Result<bool, GateError>,
@@ -206,7 +339,7 @@ impl Rooms {
             return Ok(stored.body);
         }
         let room = &stored.body;
-        let event = room_event(kind, &room.name, who.principal(), now, data(room), None);
+        let event = room_event(kind, &room.name, who, now, data(room), None);
         self.docs()
             .update(&stored, room, now, Some(&event.seal(new_salt()?)))
             .await
@@ -220,10 +353,29 @@ impl Rooms {
         Ok(stored.body)
     }
 
+    /// Restricts room `name` to `allowed` (principal ids and `group:<name>`s; empty
+    /// opens it again): its creator or an admin only. Logged as `room_restricted`.
+    pub async fn restrict(
+        &self,
+        who: &Principal,
+        name: &str,
+        allowed: &[String],
+    ) -> Result<Room, GateError> {
+        let groups = &self.groups;
+        self.administer(
+            who,
+            name,
+            EventKind::RoomRestricted,
+            |room, _| Ok(room.restrict(who, allowed, groups)?),
+            |room| json!({"allowed": room.allowed}),
+        )
+        .await
+    }
+
     /// Room admin: rename, trash, restore, purge. People who decide only.
     pub async fn rename(&self, who: &Decider, name: &str, title: &str) -> Result<Room, GateError> {
         self.administer(
-            who,
+            who.principal(),
             name,
             EventKind::RoomRenamed,
             |room, _| Ok(room.rename(title).map(|()| true)?),
@@ -234,7 +386,7 @@ impl Rooms {
 
     pub async fn trash(&self, who: &Decider, name: &str) -> Result<Room, GateError> {
         self.administer(
-            who,
+            who.principal(),
             name,
             EventKind::RoomDeleted,
             |room, now| Ok(room.trash(now)),
@@ -245,7 +397,7 @@ impl Rooms {
 
     pub async fn restore(&self, who: &Decider, name: &str) -> Result<Room, GateError> {
         self.administer(
-            who,
+            who.principal(),
             name,
             EventKind::RoomRestored,
             |room, _| Ok(room.restore()),
@@ -284,7 +436,7 @@ impl Rooms {
         // Record the purge (and the backup's digest) first, then erase.
         let room = self
             .administer(
-                who,
+                who.principal(),
                 &room.name,
                 EventKind::RoomPurged,
                 |room, now| {

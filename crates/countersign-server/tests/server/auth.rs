@@ -161,6 +161,9 @@ async fn foreign_hosts_and_origins_get_403() {
         ("host", "localhost.evil.example"),
         ("origin", "http://evil.example"),
         ("origin", "null"),
+        // localhost is allowed without a port: on this server's port, not on any other.
+        ("origin", "http://localhost:9999"),
+        ("origin", "http://localhost"),
     ] {
         for path in ["/mcp", "/api/v1/requests", "/healthz"] {
             let resp = server

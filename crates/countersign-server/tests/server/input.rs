@@ -164,5 +164,5 @@ async fn malformed_json_rpc_gets_an_error_not_a_crash() {
     assert!((400..500).contains(&status), "{status} {body}");
     // The server still works.
     let agent = server.mcp(&server.agent).await;
-    assert_eq!(agent.tool_names().await.len(), 19);
+    assert_eq!(agent.tool_names().await.len(), 20);
 }

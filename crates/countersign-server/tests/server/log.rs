@@ -99,12 +99,12 @@ async fn concurrent_appends_make_one_log_that_verifies_entry_by_entry() {
     let keys = jwks(&server).await;
     assert_eq!(checkpoint.origin, "countersign/test");
 
-    // Every entry, fetched one by one, hashes into the signed root, and each has an
-    // inclusion proof that verifies.
+    // Every entry, fetched one by one (by an approver, who reads them all), hashes into
+    // the signed root, and each has an inclusion proof that verifies.
     let mut entries = Vec::new();
     for index in 0..checkpoint.size {
         let (status, body) = server
-            .get(&format!("/api/v1/log/entries/{index}"), &server.agent)
+            .get(&format!("/api/v1/log/entries/{index}"), &server.approver)
             .await;
         assert_eq!(status, 200, "{body}");
         let bytes = STANDARD
@@ -281,6 +281,28 @@ async fn evidence_bundles_verify_offline_and_export_the_same_bytes() {
     assert_eq!(verdict["valid"], false);
     assert!(!verdict["reasons"].as_array().unwrap().is_empty());
 
+    // Cut short: the last entry left out and the manifest rewritten to list what is left.
+    // The manifest's signature no longer matches: not complete, not valid.
+    let verdict = ok(&agent
+        .call(
+            "verify_evidence",
+            json!({"bundle_base64": STANDARD.encode(without_last_entry(&zip))}),
+        )
+        .await);
+    assert_eq!(
+        (&verdict["valid"], &verdict["complete"]),
+        (&json!(false), &json!(false)),
+        "{verdict}"
+    );
+    assert!(
+        verdict["reasons"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r.as_str().unwrap().contains("manifest.sig")),
+        "{verdict}"
+    );
+
     // Raw payloads stay home unless the operator allows them.
     let refused = err(&agent
         .call("get_evidence", json!({"id": id, "mode": "full"}))
@@ -311,6 +333,33 @@ async fn evidence_bundles_verify_offline_and_export_the_same_bytes() {
         .unwrap();
     let verdict: Value = resp.json().await.unwrap();
     assert_eq!(verdict["valid"], true);
+}
+
+/// The bundle without its last entry (and that entry's proof), the manifest rewritten to
+/// list what is left.
+fn without_last_entry(zip: &[u8]) -> Vec<u8> {
+    use std::io::Write;
+    let mut files = unzip(zip);
+    let mut manifest: Value = serde_json::from_slice(&files[0].1).unwrap();
+    let last = manifest["entries"].as_array_mut().unwrap().pop().unwrap();
+    let gone = [
+        format!("entries/{last}.json"),
+        format!("proofs/{last}.json"),
+    ];
+    files.retain(|(p, _)| !gone.contains(p));
+    manifest["files"]
+        .as_array_mut()
+        .unwrap()
+        .retain(|f| !gone.iter().any(|g| f["path"] == g.as_str()));
+    files[0].1 = serde_json::to_vec(&manifest).unwrap();
+    let options =
+        zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Stored);
+    let mut out = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    for (path, bytes) in &files {
+        out.start_file(path.as_str(), options).unwrap();
+        out.write_all(bytes).unwrap();
+    }
+    out.finish().unwrap().into_inner()
 }
 
 fn unzip(zip: &[u8]) -> Vec<(String, Vec<u8>)> {

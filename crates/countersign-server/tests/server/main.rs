@@ -6,6 +6,8 @@ mod support;
 
 mod auth;
 mod decisions;
+mod digests;
+mod edge;
 mod input;
 mod log;
 mod mcp_http;
@@ -18,3 +20,4 @@ mod rooms;
 mod scopes;
 mod ui;
 mod upgrade;
+mod visibility;

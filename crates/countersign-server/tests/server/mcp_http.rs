@@ -10,7 +10,7 @@ use serde_json::{Value, json};
 
 use crate::support::{err, ok, start, start_with};
 
-const AGENT_TOOLS: [&str; 19] = [
+const AGENT_TOOLS: [&str; 20] = [
     "cancel_approval",
     "check_approval",
     "get_evidence",
@@ -23,6 +23,7 @@ const AGENT_TOOLS: [&str; 19] = [
     "record_outcome",
     "report_blocker",
     "request_approval",
+    "restrict_room",
     "set_presence",
     "verify_evidence",
     "verify_proof",
@@ -274,12 +275,27 @@ async fn operator_tools_are_off_by_default_and_never_for_agents() {
     let server = start().await;
     let id = server.create_default().await;
     let approver = server.mcp(&server.approver).await;
-    let mut approver_tools = approver.tool_names().await;
-    approver_tools.retain(|t| t != "kick");
+    let approver_tools = approver.tool_names().await;
     assert_eq!(
         approver_tools, AGENT_TOOLS,
-        "an approver sees the agent tools and kick, no operator tools"
+        "an approver sees the agent tools, no operator tools and no kick (docs/rooms.md)"
     );
+    let kick = approver
+        .service
+        .call_tool(
+            rmcp::model::CallToolRequestParams::new("kick").with_arguments(
+                json!({"room": "ops", "member": "token:deploy-bot"})
+                    .as_object()
+                    .unwrap()
+                    .clone(),
+            ),
+        )
+        .await;
+    let refused = match kick {
+        Ok(result) => crate::support::text(&result),
+        Err(e) => e.to_string(),
+    };
+    assert!(refused.contains("operator_tools"), "{refused}");
     let refused = approver
         .service
         .call_tool(
@@ -414,4 +430,39 @@ async fn idempotent_retries_return_the_same_request() {
     );
     let kinds = server.event_kinds().await;
     assert_eq!(kinds.iter().filter(|k| *k == "request_created").count(), 1);
+}
+
+/// The published output schemas name every channel a decision is made through and
+/// every way an approver authenticates (docs and schema agree with the code).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_schemas_list_every_channel_and_authentication() {
+    let server = start().await;
+    let agent = server.mcp(&server.agent).await;
+    let tools = agent.service.list_all_tools().await.unwrap();
+    let schema = |name: &str| -> String {
+        let tool = tools.iter().find(|t| t.name == name).unwrap();
+        serde_json::to_string(tool.output_schema.as_ref().unwrap()).unwrap()
+    };
+    for tool in ["check_approval", "wait_for_approval"] {
+        let text = schema(tool);
+        for channel in ["api", "mcp", "cli", "dashboard", "slack", "email"] {
+            assert!(
+                text.contains(&format!("\"{channel}\"")),
+                "{tool}'s schema lacks channel {channel}: {text}"
+            );
+        }
+        for how in [
+            "bearer_token",
+            "local_os_user",
+            "password_session",
+            "slack_signature",
+            "email_token",
+        ] {
+            assert!(
+                text.contains(&format!("\"{how}\"")),
+                "{tool}'s schema lacks authentication {how}"
+            );
+        }
+        assert!(!text.contains("api, mcp or cli"), "{text}");
+    }
 }

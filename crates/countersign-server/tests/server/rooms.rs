@@ -457,7 +457,12 @@ async fn approvals_show_in_their_room_and_admins_manage_rooms() {
         backup_dir: Some(dir.path().join("backups")),
         ..Settings::default()
     };
-    let server = start_full(HttpConfig::default(), settings).await;
+    // kick is a room admin tool over MCP: it comes with the operator tools.
+    let config = HttpConfig {
+        operator_tools: true,
+        ..HttpConfig::default()
+    };
+    let server = start_full(config, settings).await;
     let agent = server.mcp(&server.agent).await;
     ok(&agent
         .call(

@@ -98,7 +98,12 @@ async fn start_inner(
             .clone()
             .run(gate.feed().clone(), shutdown.clone()),
     );
-    tokio::spawn(countersign_server::serve(listener, app, shutdown.clone()));
+    tokio::spawn(countersign_server::serve_with(
+        listener,
+        app,
+        shutdown.clone(),
+        config.connection_limits(),
+    ));
     TestServer {
         base: format!("http://{addr}"),
         gate,
@@ -115,6 +120,11 @@ async fn start_inner(
 }
 
 impl TestServer {
+    /// The data directory (the SQLite file is `countersign.db` in it).
+    pub fn data_dir(&self) -> &std::path::Path {
+        self._dir.path()
+    }
+
     pub fn url(&self, path: &str) -> String {
         format!("{}{path}", self.base)
     }

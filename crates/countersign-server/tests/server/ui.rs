@@ -129,12 +129,17 @@ async fn sign_in_fails_then_locks_and_never_says_which_part_was_wrong() {
         attempt("admin", "not the password").await;
     }
     let (status, locked) = attempt("admin", "correct horse battery").await;
-    assert_eq!(status, 401);
+    assert_eq!(status, 401, "locked: the right password is refused");
+    // Locked, unknown and wrong are answered alike, so no answer tells them apart.
+    assert_eq!(
+        locked, unknown,
+        "a locked account is answered like an unknown one"
+    );
     assert!(
         locked["error"]["message"]
             .as_str()
             .unwrap()
-            .contains("locked"),
+            .contains("too many failed sign-ins"),
         "{locked}"
     );
 }

@@ -171,7 +171,8 @@ async fn opens_and_works(name: &str) {
     assert_eq!(members.len(), 1);
     assert_eq!(members[0].status, Presence::Working);
     assert_eq!(members[0].note.as_deref(), Some("canary at 5%"));
-    let messages = rooms.messages("release-train", 0, 1000).await.unwrap();
+    let reader = Principal::from_token("bob", Role::Approver);
+    let messages = rooms.read(&reader, "release-train", 0, 1000).await.unwrap();
     let questions: Vec<_> = messages.iter().filter(|m| m.kind == "question").collect();
     assert_eq!(questions.len(), 2);
     assert_eq!(
@@ -183,7 +184,7 @@ async fn opens_and_works(name: &str) {
     assert!(messages.iter().any(
         |m| m.kind == "approval" && m.reference.as_deref() == Some(&text("/requests/in_room"))
     ));
-    let attention = rooms.attention().await.unwrap();
+    let attention = rooms.attention(&listed).await.unwrap();
     assert_eq!(attention["release-train"].questions, 1);
     assert_eq!(attention["release-train"].blockers, 0);
     let bob = Decider::new(Principal::from_token("bob", Role::Approver)).unwrap();

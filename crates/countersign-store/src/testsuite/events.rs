@@ -9,7 +9,7 @@ use serde_json::json;
 use tokio::sync::Barrier;
 use tokio::task::JoinSet;
 
-use crate::{Created, Store};
+use crate::{Created, Store, StoredEvent};
 
 use super::fixtures::*;
 
@@ -276,6 +276,48 @@ pub async fn events_of_subject_in_order(store: Arc<dyn Store>) {
     check("dec_1", vec![(7, recorded.clone())]).await;
     check("req_missing", vec![]).await;
     check("tok_1", vec![]).await;
+
+    // Pages of one subject: after a seq, oldest first; before a seq, the newest ones,
+    // still oldest first. Neither reads another subject's events.
+    let seqs = |events: Vec<StoredEvent>| events.iter().map(|e| e.seq).collect::<Vec<_>>();
+    let after = |after: u64, limit: usize| {
+        let store = store.clone();
+        async move {
+            seqs(
+                store
+                    .events_of_subject_after("req_a", after, limit)
+                    .await
+                    .unwrap(),
+            )
+        }
+    };
+    assert_eq!(after(0, 10).await, [1, 6, 8]);
+    assert_eq!(after(1, 10).await, [6, 8]);
+    assert_eq!(after(1, 1).await, [6]);
+    assert_eq!(after(8, 10).await, Vec::<u64>::new());
+    let before = |before: u64, limit: usize| {
+        let store = store.clone();
+        async move {
+            seqs(
+                store
+                    .events_of_subject_before("req_a", before, limit)
+                    .await
+                    .unwrap(),
+            )
+        }
+    };
+    assert_eq!(before(u64::MAX, 10).await, [1, 6, 8]);
+    assert_eq!(before(u64::MAX, 2).await, [6, 8]);
+    assert_eq!(before(8, 1).await, [6]);
+    assert_eq!(before(1, 10).await, Vec::<u64>::new());
+    assert!(
+        store
+            .events_of_subject_after("req_a2", 0, 10)
+            .await
+            .unwrap()
+            .iter()
+            .all(|e| e.entry.subject.as_deref() == Some("req_a2"))
+    );
 }
 
 /// `append_event` numbers an event like any other write, returns its number, and the

@@ -110,13 +110,11 @@ pub async fn decide(
     }
     let interactive = std::io::stdin().is_terminal();
     if !interactive && !config.cli_unattended_decisions {
+        // Not a recipe: the error is read by whatever ran the command, which may be an
+        // agent. The operator's documentation (docs/config.md) says how scripts opt in.
         bail!(
-            "refusing to {} without a terminal: CLI decisions need a person at the keyboard. For scripts, set `[cli] unattended_decisions = true` in {}",
-            verb(verdict),
-            config
-                .data_dir
-                .join(crate::config::CONFIG_FILE_NAME)
-                .display()
+            "refusing to {} without a terminal: CLI decisions are made by a person at the keyboard, who sees the request and confirms it",
+            verb(verdict)
         );
     }
     if interactive && !args.yes {

@@ -1,5 +1,5 @@
 use std::net::TcpListener;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::process::ExitCode;
 
 use clap::Args;
@@ -69,6 +69,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
             } else {
                 r.ok(&format!("data directory {} (mode {mode:o})", dir.display()));
             }
+            owner_check(&r, dir, meta.uid());
         }
         Err(e) => r.fail(&format!("cannot read {}: {e}", dir.display())),
     }
@@ -136,14 +137,21 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
             Err(e) => r.fail(&format!("database {}: {e}", config.database.describe())),
         }
         check_approver_accounts(config, store, &mut r).await;
+        check_audit(config, &**store, &mut r).await;
     }
+    check_policies(config, &mut r);
 
     match KeyRing::open_existing(&config.keys_dir()) {
-        Ok(keys) => r.ok(&format!(
-            "signing key {} ({} published key(s))",
-            keys.signer().kid(),
-            keys.jwks().keys.len()
-        )),
+        Ok(keys) => {
+            r.ok(&format!(
+                "signing key {} ({} key file(s))",
+                keys.signer().kid(),
+                keys.jwks().keys.len()
+            ));
+            if let Some(store) = &store {
+                check_anchored_keys(store.as_ref(), &keys, &mut r).await;
+            }
+        }
         Err(e) => r.fail(&format!("signing key: {e}")),
     }
 
@@ -183,6 +191,28 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
 
 /// How many tokens work, tokens that share a name (made before names were unique: they
 /// act as one principal), and whether the configured reviewer is a token that works.
+/// The keys trusted here, and every key published in the database that is not (a key
+/// that exists only as a database row).
+async fn check_anchored_keys(store: &dyn Store, keys: &KeyRing, r: &mut Report) {
+    match countersign_server::keyring::published_jwks(store, keys).await {
+        Ok(jwks) => r.ok(&format!(
+            "{} trusted key(s): the key files and the keys they endorsed in the log",
+            jwks.keys.len()
+        )),
+        Err(e) => r.fail(&format!("cannot read the key endorsements: {e}")),
+    }
+    match countersign_server::keyring::untrusted_candidates(store, keys).await {
+        Ok(untrusted) => {
+            for kid in untrusted {
+                r.fail(&format!(
+                    "key {kid} is published in the database but not traceable to a key file (no endorsement in the log): it is neither trusted nor published. If it is one of your instances' keys, run `countersign keys trust {kid}` where a trusted key is held; if not, someone with write access to the database added it"
+                ));
+            }
+        }
+        Err(e) => r.fail(&format!("cannot read the published keys: {e}")),
+    }
+}
+
 fn check_tokens(config: &Config, tokens: &[countersign_core::TokenRecord], r: &mut Report) {
     let now = countersign_core::Clock::now(&countersign_core::SystemClock);
     let usable = tokens.iter().filter(|t| t.is_usable(now)).count();
@@ -232,7 +262,7 @@ async fn check_channels(config: &Config, r: &mut Report) {
     let public_is_loopback = reqwest::Url::parse(&config.public_url)
         .ok()
         .and_then(|u| u.host_str().map(str::to_string))
-        .is_some_and(|h| matches!(h.as_str(), "localhost" | "127.0.0.1" | "[::1]"));
+        .is_some_and(|h| countersign_server::hosts::is_loopback(&h));
     match &notify.slack {
         None => r.ok("Slack: not configured"),
         Some(s) => {
@@ -252,6 +282,12 @@ async fn check_channels(config: &Config, r: &mut Report) {
             if public_is_loopback {
                 r.warn(&format!(
                     "Slack: public_url is {}, which Slack cannot reach: set public_url to this server's public https:// address",
+                    config.public_url
+                ));
+            } else {
+                // What doctor can see from here; whether Slack reaches it, Slack says.
+                r.ok(&format!(
+                    "Slack: public_url {} is not a loopback address (doctor cannot tell whether Slack reaches it: Slack checks the Request URL when it is saved in the app's Interactivity settings)",
                     config.public_url
                 ));
             }
@@ -284,21 +320,21 @@ async fn check_channels(config: &Config, r: &mut Report) {
         }
     }
     for w in &notify.webhooks {
+        // Shown redacted: a token in the URL's query or userinfo stays in the config.
+        let shown = countersign_server::notify::webhook::redact_url(&w.url);
         match reqwest::Url::parse(&w.url) {
             Ok(url) if url.host_str().is_some() => {
-                if url.scheme() == "http"
-                    && !matches!(url.host_str(), Some("localhost" | "127.0.0.1" | "[::1]"))
-                {
+                if countersign_server::notify::webhook::is_plain_http_off_machine(&w.url) {
                     r.warn(&format!(
-                        "webhook {}: {} is plain http://; receivers should use https://",
-                        w.name, w.url
+                        "webhook {}: {shown} is plain http:// (allowed by allow_plain_http = true); receivers should use https://",
+                        w.name
                     ));
                 } else {
-                    r.ok(&format!("webhook {}: {}", w.name, w.url));
+                    r.ok(&format!("webhook {}: {shown}", w.name));
                 }
             }
-            Ok(_) => r.fail(&format!("webhook {}: {} has no host", w.name, w.url)),
-            Err(e) => r.fail(&format!("webhook {}: {} is not a URL: {e}", w.name, w.url)),
+            Ok(_) => r.fail(&format!("webhook {}: {shown} has no host", w.name)),
+            Err(e) => r.fail(&format!("webhook {}: {shown} is not a URL: {e}", w.name)),
         }
     }
     let mut routes: Vec<&Route> = notify.default_routes.iter().collect();
@@ -351,6 +387,90 @@ async fn check_approver_accounts(config: &Config, store: &Arc<dyn Store>, r: &mu
             )),
             Err(e) => r.fail(&format!("cannot read accounts: {e}")),
         }
+    }
+}
+
+/// The user who runs this command: under `sudo -u <service user>`, the one who called
+/// sudo (`SUDO_UID`); otherwise this process's user (the owner of `/proc/self`).
+fn current_uid() -> Option<u32> {
+    std::env::var("SUDO_UID")
+        .ok()
+        .and_then(|u| u.parse().ok())
+        .or_else(|| std::fs::metadata("/proc/self").ok().map(|m| m.uid()))
+}
+
+/// Warns when the data directory belongs to the user running this command: an agent
+/// whose shell runs as that user can read the signing key, write the database, decide
+/// from the CLI and change its own client's settings. `serve` belongs under its own OS
+/// user (docs/deployment.md).
+fn owner_check(r: &Report, dir: &std::path::Path, owner: u32) {
+    match current_uid() {
+        Some(me) if me == owner => r.warn(&format!(
+            "the data directory {} is owned by uid {owner}, the user running this command: an agent whose shell runs as this user can read the signing key and edit the database; run `countersign serve` as its own OS user and give agents only a token",
+            dir.display()
+        )),
+        Some(me) => r.ok(&format!(
+            "the data directory belongs to uid {owner}, not to this user (uid {me})"
+        )),
+        None => {}
+    }
+}
+
+/// Whether the policy files load (what `serve` would put in force).
+fn check_policies(config: &Config, r: &mut Report) {
+    let Some(policy) = &config.policy else {
+        r.ok("no [policy] files: one person decides every request");
+        return;
+    };
+    let loaded = countersign_server::gate::read_policy_files(&policy.files)
+        .and_then(|files| countersign_policy::PolicySet::load(files).map_err(|e| e.to_string()));
+    match loaded {
+        Ok(set) => r.ok(&format!(
+            "policies: {} in {} file(s), zone {}, policy set {}",
+            set.policies().len(),
+            set.files().len(),
+            policy.zone.name(),
+            set.digest()
+        )),
+        Err(e) => r.fail(&format!(
+            "the policy files do not load ({e}); serve will not start with them, and a running serve keeps the set it has"
+        )),
+    }
+}
+
+/// What the scheduled audit (`[audit] interval`) last found.
+async fn check_audit(config: &Config, store: &dyn Store, r: &mut Report) {
+    let last = match store.doc_get(countersign_store::kinds::AUDIT, "last").await {
+        Ok(doc) => {
+            doc.map(|d| serde_json::from_value::<countersign_server::audit::AuditStatus>(d.body))
+        }
+        Err(e) => {
+            r.fail(&format!("cannot read the last audit: {e}"));
+            return;
+        }
+    };
+    match (last, config.audit_interval) {
+        (Some(Ok(status)), _) if status.ok => r.ok(&format!(
+            "the last audit ({}) held {} rows to {} log entries: they agree",
+            status.at, status.rows, status.entries
+        )),
+        (Some(Ok(status)), _) => {
+            let shown: Vec<&str> = status.shown.iter().take(5).map(String::as_str).collect();
+            r.fail(&format!(
+                "the last audit ({}) found {} difference(s) between the database and its log, e.g. {}; `countersign log verify` names each",
+                status.at,
+                status.differences,
+                shown.join("; ")
+            ));
+        }
+        (Some(Err(e)), _) => r.fail(&format!("the last audit's result does not read: {e}")),
+        (None, Some(every)) => r.ok(&format!(
+            "serve audits the database against the log every {} s (no audit has run yet)",
+            every.as_secs()
+        )),
+        (None, None) => r.ok(
+            "[audit] interval is off: `countersign log verify` holds the database to the log when run",
+        ),
     }
 }
 

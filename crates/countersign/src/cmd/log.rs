@@ -35,8 +35,13 @@ pub struct VerifyBundleArgs {
     pub file: PathBuf,
     /// Verify signatures against this JWKS (your own pinned copy of the server's keys)
     /// instead of the one inside the bundle.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "server")]
     pub jwks: Option<PathBuf>,
+    /// Verify against the keys this countersign server publishes (e.g.
+    /// http://127.0.0.1:8787). Without --jwks or --server, the keys of --data-dir (when
+    /// given) are used; with none of them, the keys are not pinned.
+    #[arg(long, value_name = "URL")]
+    pub server: Option<String>,
     /// Print the report as JSON.
     #[arg(long)]
     pub json: bool,
@@ -45,7 +50,9 @@ pub struct VerifyBundleArgs {
 #[derive(Debug, Subcommand)]
 pub enum LogCommand {
     /// Recompute the whole log from its stored entries and check every stored checkpoint
-    /// (root and signature) and the stored Merkle nodes.
+    /// (root and signature) and the stored Merkle nodes; open every payload commitment,
+    /// and replay the log into the state it implies and compare it with the database's
+    /// rows (requests, tokens, accounts, rooms), naming each difference by table and id.
     Verify,
     /// Prove that the log of NEW (a checkpoint file) extends the log of OLD: nothing
     /// was removed or rewritten in between.
@@ -89,30 +96,51 @@ fn read_jwks(path: &PathBuf) -> anyhow::Result<Jwks> {
         .with_context(|| format!("{} is not a JWKS ({{\"keys\": [...]}})", path.display()))
 }
 
-pub async fn verify_bundle(_config: &Config, args: &VerifyBundleArgs) -> anyhow::Result<ExitCode> {
+/// Verifies a bundle against pinned keys: `--jwks`, `--server`, or the keys of the
+/// data directory when one was named (`data_dir_given`). With none, only against the
+/// bundle's own jwks.json, and says so: such a bundle may have been made by anyone.
+pub async fn verify_bundle(
+    config: &Config,
+    args: &VerifyBundleArgs,
+    data_dir_given: bool,
+) -> anyhow::Result<ExitCode> {
     let zip = std::fs::read(&args.file)
         .with_context(|| format!("could not read {}", args.file.display()))?;
-    let pinned = args.jwks.as_ref().map(read_jwks).transpose()?;
+    let pinned = match (&args.jwks, &args.server) {
+        (Some(path), _) => Some(read_jwks(path)?),
+        (None, Some(server)) => Some(crate::cmd::verify::server_jwks(server).await?),
+        (None, None) if data_dir_given => Some(crate::cmd::verify::data_dir_jwks(config).await?),
+        (None, None) => None,
+    };
     let report = bundle::verify(&zip, pinned.as_ref());
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else if report.valid {
-        println!(
-            "valid: {} ({} entries: {}; {} decision proof(s)) in log {} at size {}",
+    let summary = || {
+        format!(
+            "{} ({} entries: {}; {} decision proof(s)) in log {} at size {}, complete (manifest signed by {})",
             report.subject.as_deref().unwrap_or("?"),
             report.events.len(),
             report.events.join(", "),
             report.decisions,
             report.log_origin.as_deref().unwrap_or("?"),
-            report.tree_size.unwrap_or(0)
+            report.tree_size.unwrap_or(0),
+            report.manifest_signed_by.as_deref().unwrap_or("?")
+        )
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else if report.valid && !report.keys_pinned {
+        println!("keys not pinned: {}", summary());
+        println!(
+            "  the bundle only agrees with its own jwks.json, which proves nothing about who made it: give --jwks FILE, --server URL or --data-dir DIR to check it against keys you trust"
         );
+    } else if report.valid {
+        println!("valid: {}", summary());
     } else {
         println!("INVALID bundle:");
         for reason in &report.reasons {
             println!("  - {reason}");
         }
     }
-    Ok(if report.valid {
+    Ok(if report.valid && report.keys_pinned {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -136,7 +164,8 @@ pub async fn run(config: &Config, command: LogCommand) -> anyhow::Result<ExitCod
     }
 }
 
-/// Recomputes everything from the entries alone.
+/// Recomputes the tree from the entries, and holds the database's rows and payloads to
+/// the log (`countersign_store::audit`).
 async fn verify_log(config: &Config) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     if let crate::config::Database::Sqlite(db) = &config.database
@@ -153,12 +182,10 @@ async fn verify_log(config: &Config) -> anyhow::Result<ExitCode> {
     let mut verifier = LogVerifier::new(&notes, &jwks, &origin);
     let mut problems = Vec::new();
     let mut cursor = 0;
-    loop {
-        let page = store.events_after(cursor, 10_000).await?;
-        if page.is_empty() {
-            break;
-        }
-        for event in &page {
+    // One pass over the log: the tree is recomputed from the same pages the audit
+    // replays into the state it implies.
+    let audit = countersign_store::audit::run_with(&*store, &mut |page| {
+        for event in page {
             if event.seq != cursor + 1 {
                 problems.push(format!(
                     "event {} follows event {cursor}: the sequence has a gap",
@@ -168,9 +195,16 @@ async fn verify_log(config: &Config) -> anyhow::Result<ExitCode> {
             verifier.push(&event.bytes);
             cursor = event.seq;
         }
-    }
+    })
+    .await?;
     let report = verifier.finish();
     problems.extend(report.problems.iter().cloned());
+    // A key only the database knows is no key of this log: name each.
+    for kid in countersign_server::keyring::untrusted_candidates(&*store, &keys).await? {
+        problems.push(format!(
+            "key {kid} is published in the database but not traceable to a key file through the log's endorsements: it is not trusted (`countersign keys trust {kid}` endorses it, if it is yours)"
+        ));
+    }
     // The stored tree (what proofs are served from) agrees with the recomputed one.
     for stored in &checkpoints {
         if stored.size > report.entries {
@@ -193,17 +227,39 @@ async fn verify_log(config: &Config) -> anyhow::Result<ExitCode> {
         checkpoints.len(),
         started.elapsed()
     );
-    if problems.is_empty() {
-        println!("ok: every checkpoint matches the entries and is signed by a published key");
-        Ok(ExitCode::SUCCESS)
-    } else {
+    println!(
+        "audit: {} rows held to {} entries and their payloads",
+        audit.rows, audit.entries
+    );
+    if problems.is_empty() && audit.ok() {
+        println!(
+            "ok: every checkpoint matches the entries and is signed by a published key; every payload opens its commitment; the database says what the log says"
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if !problems.is_empty() {
         println!("INVALID log:");
         for p in &problems {
             println!("  - {p}");
         }
-        Ok(ExitCode::from(1))
     }
+    if !audit.ok() {
+        println!(
+            "the DATABASE DISAGREES with the log ({} differences, by table and id):",
+            audit.differences.len()
+        );
+        for d in audit.differences.iter().take(MAX_SHOWN) {
+            println!("  - {d}");
+        }
+        if audit.differences.len() > MAX_SHOWN {
+            println!("  ... and {} more", audit.differences.len() - MAX_SHOWN);
+        }
+    }
+    Ok(ExitCode::from(1))
 }
+
+/// Differences printed at most; the count says how many more there are.
+const MAX_SHOWN: usize = 1000;
 
 async fn consistency(
     config: &Config,

@@ -49,6 +49,16 @@ async fn open(url: &str) -> anyhow::Result<Arc<dyn Store>> {
 pub async fn migrate(config: &Config) -> anyhow::Result<ExitCode> {
     runtime::open_store(config).await?;
     println!("{} is up to date", config.database.describe());
+    // Where the key files are, opening the gate endorses in the log what they and the
+    // database held before keys were anchored (see docs/deployment.md).
+    if config.keys_dir().join("signing-key.json").exists() {
+        let gate = runtime::open(config).await?;
+        gate.log().integrate().await?;
+        println!(
+            "{} trusted key(s): the key files and the keys they endorsed",
+            gate.jwks().await?.keys.len()
+        );
+    }
     Ok(ExitCode::SUCCESS)
 }
 

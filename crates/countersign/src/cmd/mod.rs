@@ -8,6 +8,7 @@ pub mod keys;
 pub mod log;
 pub mod mcp;
 pub mod migrate;
+pub mod policy;
 pub mod send_test_email;
 pub mod serve;
 pub mod token;
@@ -46,8 +47,13 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
         Command::Verify(args) => verify::run(&config, &args).await,
         Command::Keys(command) => keys::run(&config, command).await,
         Command::Evidence(args) => log::evidence(&config, &args).await,
-        Command::VerifyBundle(args) => log::verify_bundle(&config, &args).await,
+        Command::VerifyBundle(args) => {
+            let data_dir_given =
+                overrides.data_dir.is_some() || std::env::var_os("COUNTERSIGN_DATA_DIR").is_some();
+            log::verify_bundle(&config, &args, data_dir_given).await
+        }
         Command::Log(command) => log::run(&config, command).await,
+        Command::Policy(command) => policy::run(&config, command).await,
         Command::Doctor(_) => doctor::run(&config).await,
         Command::SendTestEmail(args) => send_test_email::run(&config, &args).await,
         Command::Migrate => migrate::migrate(&config).await,

@@ -6,6 +6,7 @@ use clap::Args;
 use std::sync::Arc;
 
 use countersign_server::HttpConfig;
+use countersign_server::accounts::SetupLink;
 use countersign_server::notify::Notifier;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -70,6 +71,10 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         operator_tools: config.operator_tools,
         max_body_bytes: config.max_body_bytes,
         public_url: config.public_url.clone(),
+        header_timeout: config.server.header_timeout,
+        body_timeout: config.server.body_timeout,
+        max_connections: config.server.max_connections,
+        trusted_proxies: config.server.trusted_proxies.clone(),
     };
     let app = countersign_server::router(gate.clone(), &http, shutdown.clone());
     // Slack's interactivity endpoint and the email decision page need the channels.
@@ -80,6 +85,14 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
             .clone()
             .run(gate.feed().clone(), shutdown.clone()),
     );
+    tokio::spawn(gate.clone().watch_policies(shutdown.clone()));
+    if let Some(every) = config.audit_interval {
+        tokio::spawn(countersign_server::audit::run(
+            gate.clone(),
+            every,
+            shutdown.clone(),
+        ));
+    }
     if !config.notify.is_empty() || config.notify.reminders.is_some() {
         let notifier = Arc::new(Notifier::new(gate.clone(), config.notify.clone())?);
         tokio::spawn(notifier.run(gate.feed().clone(), shutdown.clone()));
@@ -98,12 +111,16 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         );
     }
     if !gate.accounts().has_admin().await? {
-        let token = gate.accounts().setup_token(SETUP_SECONDS).await?;
-        eprintln!(
-            "no admin account yet: create it within {} minutes at {}/setup?token={token}",
-            SETUP_SECONDS / 60,
-            config.public_url
-        );
+        match gate.accounts().setup_link_once(SETUP_SECONDS).await? {
+            SetupLink::New(token) => eprintln!(
+                "no admin account yet: create it within {} minutes at {}/setup?token={token}",
+                SETUP_SECONDS / 60,
+                config.public_url
+            ),
+            SetupLink::Pending { expires_at } => eprintln!(
+                "no admin account yet: the setup link printed earlier works until {expires_at} (a new one is printed at the first start after that; or `countersign user add --username <name> --role admin` prints an invitation link)"
+            ),
+        }
     }
     if gate.list_tokens().await?.iter().all(|t| !t.is_active()) {
         eprintln!(
@@ -121,7 +138,8 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         stopping.begin_shutdown();
         signal.cancel();
     });
-    let server = countersign_server::serve(listener, app, shutdown.clone());
+    let server =
+        countersign_server::serve_with(listener, app, shutdown.clone(), http.connection_limits());
     tokio::select! {
         () = server => {}
         _ = async { shutdown.cancelled().await; tokio::time::sleep(DRAIN).await } => {

@@ -190,23 +190,40 @@ async fn load_jwks(config: &Config, args: &VerifyArgs) -> anyhow::Result<Jwks> {
             .with_context(|| format!("{} is not a JWKS ({{\"keys\": [...]}})", path.display()));
     }
     if let Some(server) = &args.server {
-        let url = format!("{}/.well-known/jwks.json", server.trim_end_matches('/'));
-        let response = reqwest::get(&url)
-            .await
-            .with_context(|| format!("could not fetch {url}"))?;
-        if !response.status().is_success() {
-            bail!("{url} answered {}", response.status());
-        }
-        return response
-            .json()
-            .await
-            .with_context(|| format!("{url} did not return a JWKS"));
+        return server_jwks(server).await;
     }
+    data_dir_jwks(config).await
+}
+
+/// The JWKS a countersign server publishes (its trusted keys).
+pub async fn server_jwks(server: &str) -> anyhow::Result<Jwks> {
+    let url = format!("{}/.well-known/jwks.json", server.trim_end_matches('/'));
+    let response = reqwest::get(&url)
+        .await
+        .with_context(|| format!("could not fetch {url}"))?;
+    if !response.status().is_success() {
+        bail!("{url} answered {}", response.status());
+    }
+    response
+        .json()
+        .await
+        .with_context(|| format!("{url} did not return a JWKS"))
+}
+
+/// The keys the data directory trusts: its key files, and (when its database exists) the
+/// keys they endorsed in the log.
+pub async fn data_dir_jwks(config: &Config) -> anyhow::Result<Jwks> {
     let keys = KeyRing::open_existing(&config.keys_dir()).with_context(|| {
         format!(
             "no keys in {}; give --jwks FILE or --server URL",
             config.keys_dir().display()
         )
     })?;
-    Ok(keys.jwks())
+    if let crate::config::Database::Sqlite(db) = &config.database
+        && !db.exists()
+    {
+        return Ok(keys.jwks());
+    }
+    let store = crate::runtime::open_store(config).await?;
+    Ok(countersign_server::keyring::published_jwks(&*store, &keys).await?)
 }

@@ -44,10 +44,15 @@ fn webhooks(sections: Vec<WebhookSection>) -> anyhow::Result<Vec<WebhookConfig>>
     let mut out: Vec<WebhookConfig> = Vec::new();
     for w in sections {
         let what = format!("webhook {:?}", w.name);
+        let shown = countersign_server::notify::webhook::redact_url(&w.url);
         if !(w.url.starts_with("https://") || w.url.starts_with("http://")) {
+            bail!("{what}: url {shown} must start with https://");
+        }
+        if countersign_server::notify::webhook::is_plain_http_off_machine(&w.url)
+            && w.allow_plain_http != Some(true)
+        {
             bail!(
-                "{what}: url {:?} must start with https:// (or http://)",
-                w.url
+                "{what}: url {shown} is plain http:// to another machine, where anyone on the way reads and changes what is sent: use https://, or set allow_plain_http = true in this [[webhooks]] section if the network between is trusted"
             );
         }
         for e in &w.events {
@@ -234,6 +239,41 @@ fn approver_username(what: &str, username: &str) -> anyhow::Result<String> {
 mod tests {
     use crate::config::testing::{ConfigFile, vars};
     use crate::config::{Config, Overrides};
+
+    #[test]
+    fn plain_http_webhooks_go_only_to_this_machine_unless_allowed_and_errors_hide_secrets() {
+        let file = ConfigFile::new();
+        let hook = |url: &str, extra: &str| {
+            format!(
+                "[[webhooks]]\nname = \"audit\"\nurl = \"{url}\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n{extra}"
+            )
+        };
+        let err = file
+            .resolve(&hook("http://hooks.example.com/in?token=s3cret", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("plain http://") && err.contains("allow_plain_http"),
+            "{err}"
+        );
+        assert!(!err.contains("s3cret"), "{err}");
+        assert!(err.contains("http://hooks.example.com/in?***"), "{err}");
+        let allowed = file
+            .resolve(&hook(
+                "http://hooks.example.com/in",
+                "allow_plain_http = true\n",
+            ))
+            .unwrap();
+        assert_eq!(allowed.notify.webhooks.len(), 1);
+        file.resolve(&hook("http://127.0.0.1:9000/in", "")).unwrap();
+        file.resolve(&hook("https://hooks.example.com/in", ""))
+            .unwrap();
+        let err = file
+            .resolve(&hook("ftp://u:pw@hooks.example.com/", ""))
+            .unwrap_err()
+            .to_string();
+        assert!(!err.contains("pw@"), "{err}");
+    }
 
     #[test]
     fn slack_and_email_secrets_come_from_the_file_a_file_or_the_environment() {

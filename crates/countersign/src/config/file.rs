@@ -23,15 +23,22 @@ pub struct FileConfig {
     pub database_url: Option<String>,
     pub keys_dir: Option<PathBuf>,
     pub cli: Option<CliSection>,
+    pub server: Option<ServerSection>,
     pub log: Option<LogSection>,
     pub evidence: Option<EvidenceSection>,
     pub review: Option<ReviewSection>,
+    pub audit: Option<AuditSection>,
+    pub policy: Option<PolicySection>,
     #[serde(default)]
     pub webhooks: Vec<WebhookSection>,
     pub notify: Option<NotifySection>,
     pub reminders: Option<RemindersSection>,
     pub slack: Option<SlackSection>,
     pub email: Option<EmailSection>,
+    /// Named groups of principals: `ops = ["token:deploy-bot", "user:alice"]`.
+    pub groups: Option<BTreeMap<String, Vec<String>>>,
+    pub rooms: Option<super::guards::RoomsSection>,
+    pub limits: Option<super::guards::LimitsSection>,
 }
 
 /// The keys about the HTTP server, resolved together into the server's `HttpConfig`.
@@ -57,6 +64,17 @@ pub struct CliSection {
     pub unattended_decisions: Option<bool>,
 }
 
+/// `[server]`: what a connection, a credential and an account may hold at once.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServerSection {
+    pub header_timeout_seconds: Option<u64>,
+    pub body_timeout_seconds: Option<u64>,
+    pub max_connections: Option<usize>,
+    pub trusted_proxies: Option<Vec<String>>,
+    pub max_waits_per_token: Option<usize>,
+}
+
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct LogSection {
@@ -67,6 +85,25 @@ pub struct LogSection {
 #[serde(deny_unknown_fields)]
 pub struct EvidenceSection {
     pub raw_payload_export: Option<bool>,
+}
+
+/// `[policy]`: Cedar policy files (docs/policies.md).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySection {
+    /// The files, in order (relative paths are from the config file's directory).
+    #[serde(default)]
+    pub files: Vec<PathBuf>,
+    /// The IANA zone `context.time` is in (default `UTC`).
+    pub timezone: Option<String>,
+}
+
+/// `[audit]`: how often `serve` holds the database to the log.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuditSection {
+    /// `off` (the default), or a duration: `30s`, `15m`, `1h`, `1d`.
+    pub interval: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -120,6 +157,8 @@ pub struct WebhookSection {
     pub secret_file: Option<PathBuf>,
     #[serde(default)]
     pub events: Vec<String>,
+    /// Allows a plain `http://` URL to a host other than this machine.
+    pub allow_plain_http: Option<bool>,
 }
 
 #[derive(Debug, Default, Deserialize)]

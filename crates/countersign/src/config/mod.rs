@@ -11,6 +11,7 @@ mod channels;
 mod database;
 mod env;
 mod file;
+mod guards;
 
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
@@ -23,7 +24,10 @@ use countersign_server::{HttpConfig, Settings};
 
 pub use database::Database;
 use env::Env;
-use file::{ChannelSections, FileConfig, HttpKeys, LogSection, ReviewSection};
+use file::{
+    AuditSection, ChannelSections, FileConfig, HttpKeys, LogSection, ReviewSection, ServerSection,
+};
+pub use guards::Guards;
 
 pub use countersign_server::http::DEFAULT_LISTEN;
 pub const CONFIG_FILE_NAME: &str = "countersign.toml";
@@ -70,6 +74,24 @@ pub struct Config {
     pub keys_dir: PathBuf,
     /// Slack, email, webhooks, reminders.
     pub notify: countersign_server::notify::NotifyConfig,
+    /// `[groups]`, `[rooms]`, `[limits]`: what keeps one agent from crowding out others.
+    pub guards: Guards,
+    /// `[server]`: connection timeouts and limits, trusted proxies, waits per token.
+    pub server: ServerLimits,
+    /// How often `serve` runs the audit (`[audit] interval`); `None`: never.
+    pub audit_interval: Option<std::time::Duration>,
+    /// `[policy]`: the Cedar policy files and their zone; `None`: no policies.
+    pub policy: Option<countersign_server::gate::PolicySettings>,
+}
+
+/// `[server]`, resolved: each default is the server's (`HttpConfig`, `Settings`).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ServerLimits {
+    pub header_timeout: std::time::Duration,
+    pub body_timeout: std::time::Duration,
+    pub max_connections: usize,
+    pub trusted_proxies: countersign_server::http::client::TrustedProxies,
+    pub max_waits_per_token: usize,
 }
 
 /// Settings given on the command line (each overrides everything else).
@@ -111,14 +133,20 @@ impl Config {
             database_url,
             keys_dir,
             cli,
+            server,
             log,
             evidence,
             review,
+            audit,
+            policy,
             webhooks,
             notify,
             reminders,
             slack,
             email,
+            groups,
+            rooms,
+            limits,
         } = file;
 
         let listen = listen_address(overrides, &env, listen)?;
@@ -132,9 +160,12 @@ impl Config {
             },
             listen,
         )?;
+        let server = server_limits(&env, server.unwrap_or_default())?;
         let log_origin = log_origin(log)?;
         let mut warnings = Vec::new();
         let reviewer = reviewer(review, &mut warnings)?;
+        let audit_interval = audit_interval(&env, audit)?;
+        let policy = policy_settings(policy, config_file.as_deref())?;
         let database = database::resolve(overrides, &env, database_url, &data_dir)?;
         let feed_poll_ms = database::feed_poll_ms(&env, feed_poll_ms, &database)?;
         let keys_dir = env
@@ -149,9 +180,13 @@ impl Config {
             slack,
             email,
         };
-        let notify = channels::resolve(channels, &env, &http.public_url)?;
+        let mut notify = channels::resolve(channels, &env, &http.public_url)?;
+        let guards = guards::resolve(groups, rooms, limits)?;
+        notify.digest = guards.digest;
         Ok(Self {
             notify,
+            server,
+            guards,
             database,
             keys_dir,
             public_url: http.public_url,
@@ -161,6 +196,8 @@ impl Config {
                 .and_then(|e| e.raw_payload_export)
                 .unwrap_or(Settings::default().raw_payload_export),
             reviewer,
+            audit_interval,
+            policy,
             warnings,
             listen,
             data_dir,
@@ -294,9 +331,49 @@ fn http(env: &Env, file: HttpKeys, listen: SocketAddr) -> anyhow::Result<HttpCon
         operator_tools,
         max_body_bytes,
         public_url: public_url.trim_end_matches('/').to_string(),
+        ..defaults
     };
     http.validate().map_err(anyhow::Error::msg)?;
     Ok(http)
+}
+
+/// `[server]`: the server's defaults, checked by its own `validate()`s.
+fn server_limits(env: &Env, section: ServerSection) -> anyhow::Result<ServerLimits> {
+    let http = HttpConfig::default();
+    let settings = Settings::default();
+    let seconds = |set: Option<u64>, default: std::time::Duration| {
+        set.map(std::time::Duration::from_secs).unwrap_or(default)
+    };
+    let proxies = env
+        .list("COUNTERSIGN_TRUSTED_PROXIES")
+        .or(section.trusted_proxies)
+        .unwrap_or_default();
+    let trusted_proxies = countersign_server::http::client::TrustedProxies::parse(&proxies)
+        .map_err(|e| anyhow::anyhow!("[server] {e}"))?;
+    let limits = ServerLimits {
+        header_timeout: seconds(section.header_timeout_seconds, http.header_timeout),
+        body_timeout: seconds(section.body_timeout_seconds, http.body_timeout),
+        max_connections: section.max_connections.unwrap_or(http.max_connections),
+        trusted_proxies,
+        max_waits_per_token: section
+            .max_waits_per_token
+            .unwrap_or(settings.max_waits_per_token),
+    };
+    HttpConfig {
+        header_timeout: limits.header_timeout,
+        body_timeout: limits.body_timeout,
+        max_connections: limits.max_connections,
+        ..http
+    }
+    .validate()
+    .map_err(|e| anyhow::anyhow!("[server] {e}"))?;
+    Settings {
+        max_waits_per_token: limits.max_waits_per_token,
+        ..settings
+    }
+    .validate()
+    .map_err(|e| anyhow::anyhow!("[server] {e}"))?;
+    Ok(limits)
 }
 
 /// `[log] origin`: it becomes the first line of every checkpoint.
@@ -308,6 +385,76 @@ fn log_origin(log: Option<LogSection>) -> anyhow::Result<Option<String>> {
         bail!("[log] origin {origin:?} must be non-empty, without spaces or '+'");
     }
     Ok(origin)
+}
+
+/// `[policy]`: the files (relative to the config file's directory) and a known zone.
+/// No files means no policies, whatever the zone.
+fn policy_settings(
+    section: Option<file::PolicySection>,
+    config_file: Option<&std::path::Path>,
+) -> anyhow::Result<Option<countersign_server::gate::PolicySettings>> {
+    let Some(section) = section else {
+        return Ok(None);
+    };
+    let zone = match section.timezone.as_deref() {
+        None => chrono_tz::UTC,
+        Some(name) => name.parse().map_err(|_| {
+            anyhow::anyhow!(
+                "[policy] timezone {name:?} is not an IANA time zone (e.g. \"Europe/Paris\", \"UTC\")"
+            )
+        })?,
+    };
+    if section.files.is_empty() {
+        return Ok(None);
+    }
+    let base = config_file.and_then(std::path::Path::parent);
+    let files = section
+        .files
+        .into_iter()
+        .map(|f| match base {
+            Some(base) if f.is_relative() => base.join(f),
+            _ => f,
+        })
+        .collect();
+    Ok(Some(countersign_server::gate::PolicySettings {
+        files,
+        zone,
+    }))
+}
+
+/// `[audit] interval` (or `COUNTERSIGN_AUDIT_INTERVAL`): `off`, or how often `serve`
+/// holds the database to the log, as `30s`, `15m`, `1h` or `1d`.
+fn audit_interval(
+    env: &Env,
+    audit: Option<AuditSection>,
+) -> anyhow::Result<Option<std::time::Duration>> {
+    let text = env
+        .get("COUNTERSIGN_AUDIT_INTERVAL")
+        .or(audit.and_then(|a| a.interval));
+    let Some(text) = text.map(|t| t.trim().to_string()) else {
+        return Ok(None);
+    };
+    if text == "off" {
+        return Ok(None);
+    }
+    let unit = |u: char| match u {
+        's' => Some(1),
+        'm' => Some(60),
+        'h' => Some(3600),
+        'd' => Some(86_400),
+        _ => None,
+    };
+    let seconds = text
+        .char_indices()
+        .last()
+        .and_then(|(i, u)| text[..i].parse::<u64>().ok()?.checked_mul(unit(u)?))
+        .filter(|s| *s > 0);
+    match seconds {
+        Some(s) => Ok(Some(std::time::Duration::from_secs(s))),
+        None => bail!(
+            "[audit] interval {text:?} is not a duration: give off, or a number with s, m, h or d (e.g. 1h)"
+        ),
+    }
 }
 
 /// `[review]`: who may record reviews (`reviewer`, a token or a dashboard account), and
@@ -479,6 +626,72 @@ mod tests {
         )
         .unwrap_err();
         assert!(err.to_string().contains("not an IP:port"));
+    }
+
+    #[test]
+    fn the_server_section_sets_timeouts_limits_and_trusted_proxies() {
+        use countersign_server::http::client::TrustedProxies;
+        use std::time::Duration;
+        use testing::ConfigFile;
+        let file = ConfigFile::new();
+        let c = file.resolve("").unwrap();
+        let http = HttpConfig::default();
+        assert_eq!(c.server.header_timeout, http.header_timeout);
+        assert_eq!(c.server.header_timeout, Duration::from_secs(10));
+        assert_eq!(c.server.max_connections, http.max_connections);
+        assert!(c.server.trusted_proxies.is_empty());
+        assert_eq!(
+            c.server.max_waits_per_token,
+            Settings::default().max_waits_per_token
+        );
+
+        let c = file
+            .resolve("[server]\nheader_timeout_seconds = 5\nbody_timeout_seconds = 60\nmax_connections = 100\ntrusted_proxies = [\"10.0.0.0/8\", \"::1\"]\nmax_waits_per_token = 7\n")
+            .unwrap();
+        assert_eq!(c.server.header_timeout, Duration::from_secs(5));
+        assert_eq!(c.server.body_timeout, Duration::from_secs(60));
+        assert_eq!(c.server.max_connections, 100);
+        assert_eq!(
+            c.server.trusted_proxies,
+            TrustedProxies::parse(&["10.0.0.0/8".into(), "::1".into()]).unwrap()
+        );
+        assert_eq!(c.server.max_waits_per_token, 7);
+
+        // The variable wins over the file.
+        std::fs::write(&file.path, "[server]\ntrusted_proxies = [\"10.0.0.1\"]\n").unwrap();
+        let c = Config::resolve(
+            &file.flags,
+            &vars(&[("COUNTERSIGN_TRUSTED_PROXIES", "192.0.2.1, 192.0.2.2")]),
+        )
+        .unwrap();
+        assert_eq!(
+            c.server.trusted_proxies,
+            TrustedProxies::parse(&["192.0.2.1".into(), "192.0.2.2".into()]).unwrap()
+        );
+
+        for (toml, says) in [
+            (
+                "[server]\nheader_timeout_seconds = 0\n",
+                "header_timeout_seconds must be",
+            ),
+            (
+                "[server]\nbody_timeout_seconds = 7200\n",
+                "body_timeout_seconds must be",
+            ),
+            ("[server]\nmax_connections = 0\n", "max_connections must be"),
+            (
+                "[server]\ntrusted_proxies = [\"proxy\"]\n",
+                "\"proxy\" is not an IP address",
+            ),
+            (
+                "[server]\nmax_waits_per_token = 0\n",
+                "max_waits_per_token must be",
+            ),
+            ("[server]\nheader_timeout = 5\n", "unknown field"),
+        ] {
+            let err = format!("{:#}", file.resolve(toml).unwrap_err());
+            assert!(err.contains(says), "{toml}: {err}");
+        }
     }
 
     #[test]

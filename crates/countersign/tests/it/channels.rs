@@ -609,6 +609,74 @@ async fn slack_clicks_decide_only_when_signed_fresh_first_and_from_an_approver()
 /// A request that asks for reply fields (e.g. a PO number): Approve in Slack opens a
 /// dialog with one input per field; a submission missing one is refused next to it, and
 /// a complete one approves with the fields in the signed proof.
+/// Every string in a JSON value, however deep.
+fn all_strings(value: &Value, out: &mut Vec<String>) {
+    match value {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(items) => items.iter().for_each(|v| all_strings(v, out)),
+        Value::Object(map) => map.values().for_each(|v| all_strings(v, out)),
+        _ => {}
+    }
+}
+
+/// Fails if anything an agent or approver wrote reached Slack unescaped.
+fn assert_escaped(body: &Value) {
+    let mut strings = Vec::new();
+    all_strings(body, &mut strings);
+    for s in &strings {
+        for raw in ["<!channel>", "<http://evil.example", "<!here>", "<@U0BOSS>"] {
+            assert!(!s.contains(raw), "{raw} reached Slack unescaped in {s:?}");
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_text_reaches_slack_escaped_in_every_field_and_update() {
+    let fake = FakeSlack::start().await;
+    let s = start(&slack_section(&fake)).await;
+    let id = s
+        .server
+        .create_request(
+            &s.agent,
+            &json!({
+                "action_description": "<!channel> urgent: <http://evil.example/login|Approve here>",
+                "action_details": {"note": "<@U0BOSS> <!here>"},
+                "recipient_slack": "C0APPROVE",
+            }),
+        )
+        .await;
+    let posted = fake
+        .wait_for("chat.postMessage", |b| b.to_string().contains(&id))
+        .await;
+    assert_escaped(&posted);
+    // What phones show in the notification.
+    assert_eq!(
+        posted["text"],
+        "Approval needed: &lt;!channel&gt; urgent: &lt;http://evil.example/login|Approve here&gt;"
+    );
+    // The update once decided (with a comment written to provoke the same) too.
+    let (status, body) = s
+        .server
+        .post(
+            &format!("/api/v1/requests/{id}/decision"),
+            Some(&s.approver_token),
+            &json!({"decision": "rejected", "comment": "no <!here> <http://evil.example/x|see>"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let update = fake
+        .wait_for("chat.update", |b| b.to_string().contains(&id))
+        .await;
+    assert_escaped(&update);
+    assert!(
+        update["text"]
+            .as_str()
+            .unwrap()
+            .starts_with("Rejected: &lt;!channel&gt;"),
+        "{update}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slack_approve_with_reply_fields_asks_for_them_and_signs_them() {
     let fake = FakeSlack::start().await;
@@ -1561,6 +1629,12 @@ async fn doctor_and_send_test_email_say_what_is_wrong() {
         "{out}"
     );
     assert!(out.stdout.contains("[slack.approvers] is empty"), "{out}");
+    // What it checks of public_url, and says it cannot check (docs/channels.md).
+    assert!(
+        out.stdout
+            .contains("public_url is http://127.0.0.1:8787, which Slack cannot reach"),
+        "{out}"
+    );
     let out = run(&["send-test-email", "--to", "alice@example.com"]).await;
     assert_eq!(out.code, 1, "{out}");
     assert!(out.stdout.contains("FAIL  smtp://127.0.0.1"), "{out}");

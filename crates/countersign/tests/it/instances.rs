@@ -1475,25 +1475,53 @@ async fn a_setup_link_stops_working_once_the_first_admin_exists() {
     let mut cluster = Cluster::new(db);
     cluster.token(0, "agent", "deploy-bot").await;
     cluster.start(2, &[]).await;
-    let links = [
-        setup_token(&cluster.servers[0]).await,
-        setup_token(&cluster.servers[1]).await,
-    ];
+    // Two instances start without an admin: one setup link between them, the other
+    // says one is pending.
+    let link = tokio::select! {
+        link = setup_token(&cluster.servers[0]) => link,
+        link = setup_token(&cluster.servers[1]) => link,
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while !cluster
+        .servers
+        .iter()
+        .all(|s| s.stderr().contains("no admin account yet"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "an instance said nothing of the admin"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let printed: Vec<bool> = cluster
+        .servers
+        .iter()
+        .map(|s| s.stderr().contains("/setup?token="))
+        .collect();
+    assert_eq!(
+        printed.iter().filter(|p| **p).count(),
+        1,
+        "one setup link for both instances: {printed:?}"
+    );
+    assert!(cluster.servers.iter().any(|s| {
+        s.stderr()
+            .contains("the setup link printed earlier works until")
+    }),);
     let password = "correct horse battery staple";
     let (status, body) = cluster.servers[1]
         .post(
             "/ui/accept",
             None,
-            &json!({"token": links[0], "username": "first", "password": password}),
+            &json!({"token": link, "username": "first", "password": password}),
         )
         .await;
     assert_eq!(status, StatusCode::OK, "the first admin: {body}");
-    // The other instance's link was for the first admin too: there is one now.
+    // The link worked once; on the other instance it creates no second admin.
     let (status, body) = cluster.servers[0]
         .post(
             "/ui/accept",
             None,
-            &json!({"token": links[1], "username": "second", "password": password}),
+            &json!({"token": link, "username": "second", "password": password}),
         )
         .await;
     assert_ne!(

@@ -9,9 +9,12 @@
 
 mod common;
 
+mod audit;
 mod browser;
 mod channels;
 mod cli;
+mod evidence;
 mod external_clients;
 mod instances;
+mod policies;
 mod webhooks;

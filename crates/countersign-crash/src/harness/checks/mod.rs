@@ -1,6 +1,9 @@
 //! The checks after each restart, one file per thing that must survive a crash: the
 //! acknowledged state ([`state`]), the log and its checkpoints ([`log`]), and the
-//! outbox's webhooks ([`outbox`]). What they remember between restarts is [`Carry`].
+//! outbox's webhooks ([`outbox`]). What they remember between restarts is [`Carry`]:
+//! each restart checks what was written since the last one, plus cheap global
+//! invariants, and the last one checks everything from scratch, including
+//! `countersign_store::audit` (every row held to the log).
 
 mod log;
 mod outbox;
@@ -10,11 +13,22 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use countersign_core::ApprovalRequest;
-use countersign_store::{RequestQuery, Store, StoredEvent};
+use countersign_store::{RequestQuery, Store};
 
 pub(crate) use log::check_log;
 pub(crate) use outbox::check_outbox;
 pub(crate) use state::check_state;
+
+/// Holds every row to the log (what `countersign log verify` does): the full check's
+/// last part.
+pub(crate) async fn check_audit(store: &dyn Store) -> anyhow::Result<Vec<String>> {
+    let report = countersign_store::audit::run(store).await?;
+    Ok(report
+        .differences
+        .iter()
+        .map(|d| format!("audit: {d}"))
+        .collect())
+}
 
 /// What the checks carry from one restart to the next.
 #[derive(Default)]
@@ -32,23 +46,14 @@ pub(crate) struct Carry {
     checkpoints: BTreeMap<u64, String>,
     /// The stored Merkle nodes are checked once per checkpoint.
     nodes_checked: BTreeSet<u64>,
+    /// The entries hashed so far.
+    log: log::Tracked,
+    /// The requests and entries checked so far.
+    pub(crate) state: state::Tracked,
     pub(crate) slowest_settle: Duration,
     pub(crate) log_entries: u64,
     pub(crate) checkpoint_count: usize,
     pub(crate) requests: usize,
-}
-
-/// Every event, oldest first.
-pub(crate) async fn all_events(store: &dyn Store) -> anyhow::Result<Vec<StoredEvent>> {
-    let mut events = Vec::new();
-    loop {
-        let after = events.last().map_or(0, |e: &StoredEvent| e.seq);
-        let page = store.events_after(after, 10_000).await?;
-        if page.is_empty() {
-            return Ok(events);
-        }
-        events.extend(page);
-    }
 }
 
 /// Every stored request, whatever its status.

@@ -1,7 +1,14 @@
 //! After a restart: everything the load saw acknowledged is stored unchanged, and the
-//! log agrees with the state (one creation per request, at most one way it closed).
+//! log agrees with the state (one creation per request, at most one way it closed, at
+//! most one use of an approval: an action or a redemption).
+//!
+//! Incremental: what was checked stays checked. Each restart folds only the entries
+//! written since the last one into what it remembers of the log ([`Tracked`]), and
+//! reads back only the requests those entries touched and those the load acknowledged
+//! something for; the ledger is then held to the remembered rows, in memory. The last
+//! cycle runs the whole check from scratch (`full`), over every entry and row.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use countersign_core::{ApprovalRequest, EventKind, Status};
 use countersign_store::{Store, StoredEvent};
@@ -11,60 +18,163 @@ use super::all_requests;
 use crate::harness::ledger::Shared;
 use crate::harness::lock;
 
+/// One request's entries, as counted so far.
+#[derive(Debug, Default)]
+struct SubjectLog {
+    created: usize,
+    /// Each decision: its actor and its `decision`.
+    decided: Vec<(Option<String>, Option<String>)>,
+    timed_out: usize,
+    cancelled: usize,
+    actions: usize,
+    redemptions: usize,
+    outcomes: usize,
+}
+
+/// What the state checks remember between restarts.
+#[derive(Default)]
+pub(crate) struct Tracked {
+    /// Entries up to this number are folded into `logs`.
+    seen: u64,
+    logs: HashMap<String, SubjectLog>,
+    /// The stored requests as last read back.
+    stored: HashMap<String, ApprovalRequest>,
+    /// (requester, idempotency key) → the request that holds it.
+    keys: HashMap<(String, String), String>,
+}
+
+impl Tracked {
+    /// How many requests are stored, as last read.
+    pub(crate) fn requests(&self) -> usize {
+        self.stored.len()
+    }
+}
+
+/// Events after `after`, in order.
+pub(crate) async fn events_after(
+    store: &dyn Store,
+    mut after: u64,
+) -> anyhow::Result<Vec<StoredEvent>> {
+    let mut events = Vec::new();
+    loop {
+        let page = store.events_after(after, 10_000).await?;
+        let Some(last) = page.last() else {
+            return Ok(events);
+        };
+        after = last.seq;
+        events.extend(page);
+    }
+}
+
 /// Checks the state the restarted server sees against what was acknowledged, and
-/// refreshes what the load knows (unanswered writes may have landed).
+/// refreshes what the load knows (unanswered writes may have landed). Returns the
+/// entries it read (those after the last check; all of them when `full`).
 pub(crate) async fn check_state(
     store: &dyn Store,
     ledger: &Shared,
-    events: &[StoredEvent],
-) -> anyhow::Result<Vec<String>> {
+    tracked: &mut Tracked,
+    full: bool,
+) -> anyhow::Result<(Vec<String>, Vec<StoredEvent>)> {
     let mut violations = Vec::new();
-    let stored: HashMap<String, ApprovalRequest> = all_requests(store)
-        .await?
-        .into_iter()
-        .map(|r| (r.id.clone(), r))
-        .collect();
-
-    // Per request, the events of each kind.
-    let mut by_subject: HashMap<&str, Vec<&StoredEvent>> = HashMap::new();
-    for (n, e) in events.iter().enumerate() {
-        if e.seq != n as u64 + 1 {
+    if full {
+        *tracked = Tracked::default();
+    }
+    let events = events_after(store, tracked.seen).await?;
+    let mut touched: BTreeSet<String> = BTreeSet::new();
+    for e in &events {
+        if e.seq != tracked.seen + 1 {
             violations.push(format!(
-                "the event sequence has a gap: event {} at position {}",
-                e.seq,
-                n + 1
+                "the event sequence has a gap: event {} follows {}",
+                e.seq, tracked.seen
             ));
         }
-        if let Some(s) = &e.entry.subject {
-            by_subject.entry(s).or_default().push(e);
+        tracked.seen = e.seq;
+        let Some(subject) = e.entry.subject.as_deref() else {
+            continue;
+        };
+        if !subject.starts_with("req_") {
+            continue;
+        }
+        touched.insert(subject.to_string());
+        let log = tracked.logs.entry(subject.to_string()).or_default();
+        match e.entry.kind {
+            EventKind::RequestCreated => log.created += 1,
+            EventKind::RequestDecided => log.decided.push((
+                e.entry.actor.clone(),
+                e.entry
+                    .data
+                    .get("decision")
+                    .and_then(Value::as_str)
+                    .map(str::to_string),
+            )),
+            EventKind::RequestTimedOut => log.timed_out += 1,
+            EventKind::RequestCancelled => log.cancelled += 1,
+            EventKind::ActionRecorded => log.actions += 1,
+            EventKind::ProofRedeemed => log.redemptions += 1,
+            EventKind::OutcomeRecorded => log.outcomes += 1,
+            _ => {}
+        }
+    }
+
+    // Read back what changed: every request when full, else those with new entries and
+    // those the load knows of but the last read did not find.
+    if full {
+        tracked.stored = all_requests(store)
+            .await?
+            .into_iter()
+            .map(|r| (r.id.clone(), r))
+            .collect();
+        touched.extend(tracked.stored.keys().cloned());
+    } else {
+        let l = lock(ledger);
+        touched.extend(
+            l.reqs
+                .keys()
+                .filter(|id| !tracked.stored.contains_key(*id))
+                .cloned(),
+        );
+        drop(l);
+        for id in &touched {
+            match store.get_request(id).await? {
+                Some(r) => {
+                    tracked.stored.insert(id.clone(), r);
+                }
+                None => {
+                    tracked.stored.remove(id);
+                }
+            }
         }
     }
 
     // The log agrees with the state: one creation each, at most one way it closed, one
-    // action and one outcome at most, each matching the request.
-    let mut keys: HashMap<(String, String), Vec<&str>> = HashMap::new();
-    for (id, r) in &stored {
+    // use and one outcome at most, each matching the request.
+    let none = SubjectLog::default();
+    for id in &touched {
+        let Some(r) = tracked.stored.get(id) else {
+            if tracked.logs.get(id).is_some_and(|l| l.created > 0) {
+                violations.push(format!(
+                    "{id}: log entries for a request that is not stored"
+                ));
+            }
+            continue;
+        };
         if let Some(key) = &r.idempotency_key {
-            keys.entry((r.requested_by.id.clone(), key.clone()))
-                .or_default()
-                .push(id);
+            let holder = tracked
+                .keys
+                .entry((r.requested_by.id.clone(), key.clone()))
+                .or_insert_with(|| id.clone());
+            if holder != id {
+                violations.push(format!(
+                    "{} key {key}: two requests {holder} and {id}",
+                    r.requested_by.id
+                ));
+            }
         }
-        let evs = by_subject
-            .get(id.as_str())
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        let count = |k: EventKind| evs.iter().filter(|e| e.entry.kind == k).count();
-        let created = count(EventKind::RequestCreated);
-        let decided: Vec<&&StoredEvent> = evs
-            .iter()
-            .filter(|e| e.entry.kind == EventKind::RequestDecided)
-            .collect();
-        let timed_out = count(EventKind::RequestTimedOut);
-        let cancelled = count(EventKind::RequestCancelled);
-        let actions = count(EventKind::ActionRecorded);
-        let outcomes = count(EventKind::OutcomeRecorded);
-        if created != 1 {
-            violations.push(format!("{id}: {created} request_created entries"));
+        let log = tracked.logs.get(id).unwrap_or(&none);
+        let decided = &log.decided;
+        let (timed_out, cancelled) = (log.timed_out, log.cancelled);
+        if log.created != 1 {
+            violations.push(format!("{id}: {} request_created entries", log.created));
         }
         if decided.len() > 1 {
             violations.push(format!(
@@ -91,44 +201,51 @@ pub(crate) async fn check_state(
                 decided.len()
             ));
         }
-        if let (Some(d), Some(e)) = (&r.decision, decided.first()) {
+        if let (Some(d), Some((actor, decision))) = (&r.decision, decided.first()) {
             let first = d.approvers.first().map(|a| a.id.as_str());
-            if e.entry.actor.as_deref() != first
-                || e.entry.data.get("decision").and_then(Value::as_str) != Some(d.decision.as_str())
-            {
+            if actor.as_deref() != first || decision.as_deref() != Some(d.decision.as_str()) {
                 violations.push(format!(
-                    "{id}: the state says {} by {first:?}, the log says {:?} by {:?}",
+                    "{id}: the state says {} by {first:?}, the log says {decision:?} by {actor:?}",
                     d.decision.as_str(),
-                    e.entry.data.get("decision"),
-                    e.entry.actor
                 ));
             }
         }
+        let (actions, redemptions) = (log.actions, log.redemptions);
         if actions != usize::from(r.action_record.is_some()) || actions > 1 {
             violations.push(format!(
                 "{id}: {actions} action entries, action recorded: {}",
                 r.action_record.is_some()
             ));
         }
-        if outcomes != usize::from(r.outcome.is_some()) || outcomes > 1 {
+        if redemptions != usize::from(r.redemption.is_some()) || redemptions > 1 {
             violations.push(format!(
-                "{id}: {outcomes} outcome entries, outcome recorded: {}",
+                "{id}: {redemptions} redemption entries, redeemed: {}",
+                r.redemption.is_some()
+            ));
+        }
+        if actions + redemptions > 1 {
+            violations.push(format!(
+                "{id}: the approval was used twice: {actions} actions, {redemptions} redemptions"
+            ));
+        }
+        if log.outcomes != usize::from(r.outcome.is_some()) || log.outcomes > 1 {
+            violations.push(format!(
+                "{id}: {} outcome entries, outcome recorded: {}",
+                log.outcomes,
                 r.outcome.is_some()
             ));
         }
     }
-    for ((who, key), ids) in &keys {
-        if ids.len() > 1 {
-            violations.push(format!("{who} key {key}: {} requests {ids:?}", ids.len()));
+    if full {
+        for (subject, log) in &tracked.logs {
+            if log.created > 0 && !tracked.stored.contains_key(subject) {
+                violations.push(format!(
+                    "{subject}: log entries for a request that is not stored"
+                ));
+            }
         }
     }
-    for subject in by_subject.keys() {
-        if subject.starts_with("req_") && !stored.contains_key(*subject) {
-            violations.push(format!(
-                "{subject}: log entries for a request that is not stored"
-            ));
-        }
-    }
+    let stored = &tracked.stored;
 
     // Everything acknowledged is there, unchanged.
     let mut l = lock(ledger);
@@ -201,8 +318,11 @@ pub(crate) async fn check_state(
                 s.status
             ));
         }
-        if r.action && s.action_record.is_none() {
+        if r.acted && s.action_record.is_none() {
             violations.push(format!("{id}: action acknowledged, none stored"));
+        }
+        if r.redeemed && s.redemption.is_none() {
+            violations.push(format!("{id}: redemption acknowledged, none stored"));
         }
         if r.outcome.is_some() && s.outcome.is_none() {
             violations.push(format!("{id}: outcome acknowledged, none stored"));
@@ -210,10 +330,10 @@ pub(crate) async fn check_state(
         // What the load works from next: the stored truth.
         if let Some(entry) = l.reqs.get_mut(&id) {
             entry.status = s.status.as_str().to_string();
-            entry.used = s.action_record.is_some();
+            entry.used = s.action_record.is_some() || s.redemption.is_some();
             entry.has_outcome = s.outcome.is_some();
         }
     }
     drop(l);
-    Ok(violations)
+    Ok((violations, events))
 }

@@ -7,8 +7,11 @@ use serde_json::{Value, json};
 use super::{APPROVE, REJECT};
 use crate::notify::{outcome_line, verdict_word};
 
-/// Escapes text for Slack's mrkdwn.
-fn esc(text: &str) -> String {
+/// Escapes text for Slack's mrkdwn, and for the top-level `text` (what notifications
+/// show), which Slack parses the same way: `<!channel>` would ping everyone, and
+/// `<http://evil.example|Approve here>` would show as a disguised link. Every string an
+/// agent wrote goes through this before it reaches Slack.
+pub(crate) fn esc(text: &str) -> String {
     text.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")
@@ -129,7 +132,7 @@ pub fn request_message(request: &ApprovalRequest, public_url: &str, reminder: bo
         "elements": [mrkdwn(&format!("<{link}|Open in the countersign dashboard>"))],
     }));
     json!({
-        "text": cut(&format!("{title}: {}", request.action.description), 3000),
+        "text": cut(&format!("{title}: {}", esc(&request.action.description)), 3000),
         "blocks": blocks,
         "unfurl_links": false,
         "unfurl_media": false,
@@ -178,7 +181,7 @@ pub fn final_message(request: &ApprovalRequest) -> Value {
         "elements": [mrkdwn(&format!("Asked by {} · `{}`", requester(request), request.id))],
     }));
     json!({
-        "text": cut(&format!("{title}: {}", request.action.description), 3000),
+        "text": cut(&format!("{title}: {}", esc(&request.action.description)), 3000),
         "blocks": blocks,
     })
 }
@@ -232,6 +235,57 @@ pub fn modal(request: &ApprovalRequest, action: &str) -> Value {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn request(description: &str) -> ApprovalRequest {
+        let agent = countersign_core::Principal::from_token("bot", countersign_core::Role::Agent);
+        let input = countersign_core::NewRequest {
+            description: description.into(),
+            details: [("note".to_string(), "<@U0BOSS> <!here>".to_string())].into(),
+            ..Default::default()
+        };
+        ApprovalRequest::create(
+            "req_1".into(),
+            input,
+            &agent,
+            Timestamp::from_millis(1_700_000_000_000).unwrap(),
+            &countersign_core::Limits::default(),
+        )
+        .unwrap()
+        .request
+    }
+
+    /// Every string in a message, however deep.
+    fn strings(value: &Value, out: &mut Vec<String>) {
+        match value {
+            Value::String(s) => out.push(s.clone()),
+            Value::Array(items) => items.iter().for_each(|v| strings(v, out)),
+            Value::Object(map) => map.values().for_each(|v| strings(v, out)),
+            _ => {}
+        }
+    }
+
+    #[test]
+    fn agent_text_is_escaped_in_every_field_of_every_message() {
+        let request = request("<!channel> pay <http://evil.example/login|Approve here>");
+        for message in [
+            request_message(&request, "http://gate.example", false),
+            final_message(&request),
+            modal(&request, APPROVE),
+        ] {
+            let mut all = Vec::new();
+            strings(&message, &mut all);
+            for s in &all {
+                for raw in ["<!channel>", "<http://evil.example", "<@U0BOSS>", "<!here>"] {
+                    assert!(!s.contains(raw), "{raw} reached Slack in {s:?}");
+                }
+            }
+        }
+        let text = request_message(&request, "http://gate.example", false)["text"].clone();
+        assert_eq!(
+            text,
+            "Approval needed: &lt;!channel&gt; pay &lt;http://evil.example/login|Approve here&gt;"
+        );
+    }
 
     #[test]
     fn escapes_mrkdwn_and_cuts_long_text() {

@@ -2,7 +2,7 @@
 //! Approve and Reject buttons (`blocks`), updated with `chat.update` once decided, over
 //! the Web API (`api`). The clicks come back to `http::slack`, which checks who clicked.
 
-mod api;
+pub(crate) mod api;
 mod blocks;
 
 use std::collections::BTreeMap;
@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use super::{Delivery, DeliveryChannel, Outbound, SendResult, outcome_line, permanent};
 
 pub use api::{ApiFailure, auth_test, call};
+pub(crate) use blocks::esc as escape;
 pub use blocks::{final_message, modal, request_message};
 
 pub const DEFAULT_API_BASE_URL: &str = "https://slack.com/api";

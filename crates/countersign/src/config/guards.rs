@@ -1,0 +1,131 @@
+//! The settings that keep one agent from crowding out the others: `[groups]` (who a
+//! room may be restricted to), `[rooms]` (how fast a token may post), `[limits]` (how
+//! many requests one requester may have pending, how many notifications one
+//! requester's requests send before they are summed up in a digest). File only: these
+//! are an operator's decisions, not a process's.
+
+use std::collections::BTreeMap;
+
+use anyhow::{Context, bail};
+use countersign_core::Groups;
+use serde::Deserialize;
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RoomsSection {
+    /// Messages one principal may post per minute, across rooms (0: no limit).
+    pub messages_per_minute: Option<u32>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsSection {
+    /// Requests one requester may have pending at once.
+    pub pending_per_agent: Option<usize>,
+    /// New-request notifications sent for one requester per window; beyond them, one
+    /// digest per route and window says how many more wait.
+    pub notifications_per_agent: Option<u32>,
+    /// The window, in minutes (default 10).
+    pub notification_window_minutes: Option<u64>,
+}
+
+/// What the three sections resolve to.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Guards {
+    pub groups: Groups,
+    pub room_messages_per_minute: u32,
+    pub pending_per_agent: Option<usize>,
+    pub digest: Option<countersign_server::notify::DigestConfig>,
+}
+
+pub fn resolve(
+    groups: Option<BTreeMap<String, Vec<String>>>,
+    rooms: Option<RoomsSection>,
+    limits: Option<LimitsSection>,
+) -> anyhow::Result<Guards> {
+    let groups = Groups::new(groups.unwrap_or_default())
+        .map_err(anyhow::Error::msg)
+        .context("[groups]")?;
+    let room_messages_per_minute = rooms
+        .and_then(|r| r.messages_per_minute)
+        .unwrap_or(countersign_server::rooms::DEFAULT_MESSAGES_PER_MINUTE);
+    let limits = limits.unwrap_or_default();
+    if limits.pending_per_agent == Some(0) {
+        bail!(
+            "[limits] pending_per_agent = 0 would refuse every request; leave it out for no limit"
+        );
+    }
+    let digest = match (
+        limits.notifications_per_agent,
+        limits.notification_window_minutes,
+    ) {
+        (None, Some(_)) => {
+            bail!("[limits] notification_window_minutes needs notifications_per_agent")
+        }
+        (None, None) => None,
+        (Some(per_agent), window) => {
+            let window = window.unwrap_or(10);
+            if !(1..=24 * 60).contains(&window) {
+                bail!("[limits] notification_window_minutes must be between 1 and 1440");
+            }
+            Some(countersign_server::notify::DigestConfig {
+                per_agent,
+                window_seconds: window * 60,
+            })
+        }
+    };
+    Ok(Guards {
+        groups,
+        room_messages_per_minute,
+        pending_per_agent: limits.pending_per_agent,
+        digest,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sections_resolve_with_their_defaults_and_bounds() {
+        let guards = resolve(None, None, None).unwrap();
+        assert_eq!(
+            guards.room_messages_per_minute,
+            countersign_server::rooms::DEFAULT_MESSAGES_PER_MINUTE
+        );
+        assert_eq!((guards.pending_per_agent, guards.digest), (None, None));
+
+        let groups = BTreeMap::from([("ops".to_string(), vec!["token:bot".to_string()])]);
+        let guards = resolve(
+            Some(groups),
+            Some(RoomsSection {
+                messages_per_minute: Some(5),
+            }),
+            Some(LimitsSection {
+                pending_per_agent: Some(3),
+                notifications_per_agent: Some(2),
+                notification_window_minutes: None,
+            }),
+        )
+        .unwrap();
+        assert!(guards.groups.contains("ops", "token:bot"));
+        assert_eq!(guards.room_messages_per_minute, 5);
+        assert_eq!(guards.pending_per_agent, Some(3));
+        assert_eq!(
+            guards.digest,
+            Some(countersign_server::notify::DigestConfig {
+                per_agent: 2,
+                window_seconds: 600
+            })
+        );
+
+        let bad = BTreeMap::from([("ops".to_string(), vec!["bot".to_string()])]);
+        let err = resolve(Some(bad), None, None).unwrap_err();
+        assert!(format!("{err:#}").contains("not a principal id"), "{err:#}");
+        let zero = LimitsSection {
+            pending_per_agent: Some(0),
+            ..LimitsSection::default()
+        };
+        assert!(resolve(None, None, Some(zero)).is_err());
+    }
+}
