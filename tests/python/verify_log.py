@@ -81,6 +81,7 @@ ENTRY_TYPES = {
     "question_answered",
     "blocker_resolved",
     "audit_mismatch",
+    "policy_set_loaded",
 }
 USER_EVENTS = {"user_created", "user_activated", "user_disabled"}
 ROOM_EVENTS = {t for t in ENTRY_TYPES if t.startswith(("room_", "member_"))} | {
@@ -117,7 +118,11 @@ DATA_MEMBERS = {
     "question_answered": {"room", "ref", "author"},
     "blocker_resolved": {"room", "ref", "author"},
     "audit_mismatch": {"differences", "tables", "rows"},
+    "policy_set_loaded": {"policy_set", "files"},
 }
+# `data` members some entries of a type have (docs/policies.md): a request policies sent
+# to people, a decision a policy made.
+OPTIONAL_DATA = {"request_created": {"policy"}, "request_decided": {"policy"}}
 # Members of the opened payload by type.
 PAYLOAD_MEMBERS = {
     "request_created": {"action", "recipient_email", "recipient_slack"},
@@ -130,10 +135,11 @@ PAYLOAD_MEMBERS = {
     "message_posted": {"text"},
     "question_answered": {"text"},
     "blocker_resolved": {"reply"},
+    "policy_set_loaded": {"files"},
 }
 # Types whose doc row says "committed payload: none".
 NO_PAYLOAD = ENTRY_TYPES - set(PAYLOAD_MEMBERS)
-SUBJECTLESS = {"token_created", "token_revoked", "key_rotated", "audit_mismatch"} | USER_EVENTS
+SUBJECTLESS = {"token_created", "token_revoked", "key_rotated", "audit_mismatch", "policy_set_loaded"} | USER_EVENTS
 ROOM_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]*$")
 MESSAGE_TYPES = {"note", "question", "progress", "done", "blocker", "approval"}
 PRESENCE = {"working", "waiting", "blocked", "done", "idle"}
@@ -481,7 +487,7 @@ def parse_entry(raw: bytes, what: str = "entry") -> dict[str, Any]:
     data = entry["data"]
     if not isinstance(data, dict):
         raise LogError(f"{what}: data is not an object")
-    if set(data) != DATA_MEMBERS[kind]:
+    if not DATA_MEMBERS[kind] <= set(data) <= DATA_MEMBERS[kind] | OPTIONAL_DATA.get(kind, set()):
         raise LogError(f"{what}: {kind} data has {sorted(data)}, the doc lists {sorted(DATA_MEMBERS[kind])}")
     if kind == "request_created" and not (data["room"] is None or isinstance(data["room"], str)):
         raise LogError(f"{what}: room {data['room']!r} is neither a room name nor null")

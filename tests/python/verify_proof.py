@@ -27,6 +27,7 @@ import binascii
 import copy
 import hashlib
 import json
+import re
 import sys
 import urllib.request
 from datetime import datetime, timedelta, timezone
@@ -267,8 +268,27 @@ def verify(
             )
 
     approvers = statement["approvers"]
-    if not isinstance(approvers, list) or not approvers:
-        raise VerificationError("the statement names no approver")
+    if not isinstance(approvers, list):
+        raise VerificationError("approvers is not a list")
+    if statement["authorization_type"] == "human":
+        if not approvers:
+            raise VerificationError("the statement names no approver")
+        if "policy" in statement:
+            raise VerificationError("a human decision names a policy")
+    else:
+        # A rule decided (docs/policies.md): no person, and the policy behind it.
+        if approvers:
+            raise VerificationError(f"a {statement['authorization_type']} decision names approvers {approvers!r}")
+        policy = statement.get("policy")
+        if not (
+            isinstance(policy, dict)
+            and set(policy) == {"id", "policy_set"}
+            and isinstance(policy["id"], str)
+            and policy["id"]
+            and isinstance(policy["policy_set"], str)
+            and re.fullmatch(r"sha256:[0-9a-f]{64}", policy["policy_set"])
+        ):
+            raise VerificationError(f"a {statement['authorization_type']} decision names no policy: {policy!r}")
     for approver in approvers:
         for member in ("id", "display_name", "channel", "auth_method"):
             if not isinstance(approver, dict) or not isinstance(approver.get(member), str) or not approver[member]:

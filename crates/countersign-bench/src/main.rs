@@ -20,6 +20,7 @@ mod audit;
 mod client;
 mod figures;
 mod instances;
+mod policy;
 mod scale;
 mod throughput;
 mod wake;
@@ -98,6 +99,16 @@ enum Bench {
         /// Log entries to build and verify.
         #[arg(long, default_value_t = 1_000_000)]
         entries: u64,
+    },
+    /// Policy evaluation, in-process: POLICIES generated Cedar policies and the time to
+    /// settle one request against them (docs/policies.md).
+    Policy {
+        /// Policies in the set.
+        #[arg(long, default_value_t = 1_000)]
+        policies: usize,
+        /// Requests to evaluate.
+        #[arg(long, default_value_t = 100_000)]
+        requests: usize,
     },
     /// The audit at scale: writes a data directory of ENTRIES log entries (requests
     /// created, decided and acted on) through the store API, then times `countersign log
@@ -218,6 +229,7 @@ async fn main() -> anyhow::Result<()> {
             scale::waiters(&bin, count, database.as_deref()).await
         }
         Bench::Verify { proofs, entries } => scale::verify(proofs, entries),
+        Bench::Policy { policies, requests } => policy::run(policies, requests),
         Bench::Audit {
             entries,
             data_dir,

@@ -255,6 +255,7 @@ impl Audit {
                     redemption: None,
                     outcome: None,
                     reviews: Vec::new(),
+                    policy: field(data, "policy")?,
                 };
                 if entry.version() != Some(1) {
                     return Err("its version is not 1".into());
@@ -294,6 +295,7 @@ impl Audit {
                             decided_at: entry.at,
                             valid_until: field(data, "valid_until")?,
                             nonce: field(data, "nonce")?,
+                            policy: field(data, "policy")?,
                         };
                         request.status = decision.decision.status();
                         request.decision = Some(decision);
@@ -429,7 +431,8 @@ impl Audit {
             | EventKind::MessagePosted
             | EventKind::QuestionAnswered
             | EventKind::BlockerResolved
-            | EventKind::AuditMismatch => {}
+            | EventKind::AuditMismatch
+            | EventKind::PolicySetLoaded => {}
         }
         Ok(())
     }

@@ -8,7 +8,7 @@ use crate::error::CoreError;
 use crate::event::Event;
 use crate::keys::Signer;
 use crate::principal::{Approver, Channel, Principal};
-use crate::proof::{AuthorizationType, Envelope, Statement};
+use crate::proof::{AuthorizationType, Envelope, PolicyRef, Statement};
 use crate::request::{ApprovalRequest, Limits, Status, Transition, validate_map};
 use crate::time::Timestamp;
 
@@ -68,6 +68,9 @@ pub struct Decision {
     pub decided_at: Timestamp,
     pub valid_until: Timestamp,
     pub nonce: String,
+    /// The policy behind a `policy` or `fallback` decision.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyRef>,
 }
 
 /// Evidence that an approved action was carried out. Its presence consumes the approval.
@@ -147,6 +150,66 @@ impl ApprovalRequest {
             decided_at: now,
             valid_until: now.plus_seconds(self.valid_for_seconds),
             nonce,
+            policy: None,
+        };
+        let statement = Statement::for_decision(self, &decision);
+        let proof = Envelope::sign_statement(&statement, signer);
+        let request = Self {
+            version: self.version + 1,
+            status: verdict.status(),
+            decision: Some(decision.clone()),
+            proof: Some(proof),
+            ..self.clone()
+        };
+        Ok(Transition {
+            event: Event::decided(&request, &decision),
+            request,
+        })
+    }
+
+    /// A decision made by a rule, signed: `kind` is `Policy` (a policy decided at once)
+    /// or `Fallback` (what a policy says a timeout becomes). No person is named; the
+    /// statement names the policy. A pending request only (a fallback is taken when the
+    /// request is past its expiry, so expiry does not close it here).
+    pub fn decide_by_rule(
+        &self,
+        verdict: Verdict,
+        kind: AuthorizationType,
+        policy: PolicyRef,
+        now: Timestamp,
+        nonce: String,
+        signer: &Signer,
+    ) -> Result<Transition, CoreError> {
+        if kind == AuthorizationType::Human {
+            return Err(CoreError::invalid(
+                "authorization_type",
+                "a rule's decision is policy or fallback, never human",
+            ));
+        }
+        if self.status != Status::Pending {
+            return Err(self
+                .closed_error(now)
+                .unwrap_or_else(|| CoreError::invalid("status", "request is not pending")));
+        }
+        if verdict == Verdict::Approved && !self.requested_fields.is_empty() {
+            return Err(CoreError::invalid(
+                "fields",
+                format!(
+                    "the request asks for {} to approve it, which only a person can give",
+                    self.requested_fields.join(", ")
+                ),
+            ));
+        }
+        let decision = Decision {
+            decision: verdict,
+            authorization_type: kind,
+            approvers: Vec::new(),
+            comment: None,
+            fields: BTreeMap::new(),
+            decided_at: now,
+            valid_until: now.plus_seconds(self.valid_for_seconds),
+            nonce,
+            policy: Some(policy),
         };
         let statement = Statement::for_decision(self, &decision);
         let proof = Envelope::sign_statement(&statement, signer);

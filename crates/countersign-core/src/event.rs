@@ -55,6 +55,8 @@ pub enum EventKind {
     BlockerResolved,
     /// The scheduled audit found the database disagreeing with the log.
     AuditMismatch,
+    /// A policy set was loaded (its digest, file names, and their text in the payload).
+    PolicySetLoaded,
 }
 
 impl EventKind {
@@ -90,6 +92,7 @@ impl EventKind {
             EventKind::QuestionAnswered => "question_answered",
             EventKind::BlockerResolved => "blocker_resolved",
             EventKind::AuditMismatch => "audit_mismatch",
+            EventKind::PolicySetLoaded => "policy_set_loaded",
         }
     }
 }
@@ -236,14 +239,21 @@ impl Event {
             request,
             request.requested_at,
             Some(request.requested_by.id.clone()),
-            json!({
-                "action_digest": request.action_digest,
-                "requested_by": request.requested_by,
-                "expires_at": request.expires_at,
-                "valid_for_seconds": request.valid_for_seconds,
-                "requested_fields": request.requested_fields,
-                "room": request.room,
-            }),
+            {
+                let mut data = json!({
+                    "action_digest": request.action_digest,
+                    "requested_by": request.requested_by,
+                    "expires_at": request.expires_at,
+                    "valid_for_seconds": request.valid_for_seconds,
+                    "requested_fields": request.requested_fields,
+                    "room": request.room,
+                });
+                // Why policies sent it to people, when they did.
+                if let Some(policy) = &request.policy {
+                    data["policy"] = json!(policy);
+                }
+                data
+            },
             Some(json!({
                 "action": request.action,
                 "recipient_email": request.recipient_email,
@@ -253,19 +263,24 @@ impl Event {
     }
 
     pub fn decided(request: &ApprovalRequest, decision: &Decision) -> Self {
+        let mut data = json!({
+            "decision": decision.decision,
+            "authorization_type": decision.authorization_type,
+            "approvers": decision.approvers,
+            "action_digest": request.action_digest,
+            "valid_until": decision.valid_until,
+            "nonce": decision.nonce,
+        });
+        // Only a rule's decision names a policy; a person's entry keeps its shape.
+        if let Some(policy) = &decision.policy {
+            data["policy"] = json!(policy);
+        }
         Self::about(
             EventKind::RequestDecided,
             request,
             decision.decided_at,
             decision.approvers.first().map(|a| a.id.clone()),
-            json!({
-                "decision": decision.decision,
-                "authorization_type": decision.authorization_type,
-                "approvers": decision.approvers,
-                "action_digest": request.action_digest,
-                "valid_until": decision.valid_until,
-                "nonce": decision.nonce,
-            }),
+            data,
             Some(json!({"comment": decision.comment, "fields": decision.fields})),
         )
     }

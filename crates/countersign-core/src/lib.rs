@@ -36,10 +36,12 @@ pub use groups::Groups;
 pub use keys::{Jwk, Jwks, Signer};
 pub use principal::{Approver, AuthMethod, Channel, Decider, Principal, Role};
 pub use proof::{
-    AuthorizationType, Envelope, Problem, ProblemCode, Statement, VerifyOptions, VerifyReport,
+    AuthorizationType, Envelope, PolicyRef, Problem, ProblemCode, Statement, VerifyOptions,
+    VerifyReport,
 };
 pub use request::{
-    ApprovalRequest, Limits, NewRequest, RequestId, SealedTransition, Status, Transition,
+    ApprovalRequest, Limits, NewRequest, PolicyHold, RequestId, SealedTransition, Status,
+    Transition,
 };
 pub use scope::{Scope, Scopes};
 pub use time::{Clock, FixedClock, SystemClock, Timestamp};

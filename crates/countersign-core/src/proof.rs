@@ -36,6 +36,15 @@ pub enum AuthorizationType {
     Fallback,
 }
 
+/// The rule behind a decision no person made: the policy's id and the digest of the whole
+/// policy set it belonged to (docs/policies.md), so the decision traces to its exact text.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyRef {
+    pub id: String,
+    /// `sha256:<hex>`: the policy set, as logged in `policy_set_loaded`.
+    pub policy_set: String,
+}
+
 /// The signed statement: everything a verifier needs to know about one decision.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Statement {
@@ -54,6 +63,9 @@ pub struct Statement {
     pub decided_at: Timestamp,
     pub valid_until: Timestamp,
     pub nonce: String,
+    /// For `policy` and `fallback` decisions: the policy that made it. Absent for people.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyRef>,
 }
 
 impl Statement {
@@ -73,6 +85,7 @@ impl Statement {
             decided_at: decision.decided_at,
             valid_until: decision.valid_until,
             nonce: decision.nonce.clone(),
+            policy: decision.policy.clone(),
         }
     }
 }

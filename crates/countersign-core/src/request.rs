@@ -205,6 +205,23 @@ pub struct ApprovalRequest {
     /// Reviews by the operator-configured reviewer.
     #[serde(default)]
     pub reviews: Vec<crate::evidence::ReviewRecord>,
+    /// Why policies sent it to people, and what a timeout becomes; absent when no
+    /// policy matched (or none is configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyHold>,
+}
+
+/// What the matching policies said of a request they sent to people.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PolicyHold {
+    /// The policy set, `sha256:<hex>`.
+    pub policy_set: String,
+    /// The policies whose requirements apply (ids).
+    pub policies: Vec<String>,
+    /// What the request becomes when nobody decides in time: a signed `fallback`
+    /// decision; absent, it times out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<crate::decision::Verdict>,
 }
 
 impl ApprovalRequest {
@@ -280,6 +297,7 @@ impl ApprovalRequest {
             redemption: None,
             outcome: None,
             reviews: Vec::new(),
+            policy: None,
         };
         Ok(Transition {
             event: Event::created(&request),

@@ -137,6 +137,23 @@ pub struct DecisionView {
     pub decided_at: String,
     /// The approval may be acted on until this time, once.
     pub valid_until: String,
+    /// For a policy or fallback decision: the policy that made it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyView>,
+}
+
+/// A policy behind a decision, or the policies that sent a request to people.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct PolicyView {
+    /// The policy id (for a request sent to people: the ids, comma-separated).
+    pub id: String,
+    /// The policy set's digest, sha256:<hex>; its text is in the log's
+    /// policy_set_loaded entry.
+    pub policy_set: String,
+    /// For a request sent to people: what a timeout becomes (approved or rejected, by
+    /// fallback); absent, it times out.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_timeout: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -170,6 +187,10 @@ pub struct ApprovalView {
     pub requested_fields: Vec<String>,
     /// The room it is shown in.
     pub room: Option<String>,
+    /// Why a person decides it: the policies that sent it to people (none: no policy
+    /// matched, or no policies are configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub policy: Option<PolicyView>,
     pub decision: Option<DecisionView>,
     /// The signed proof (a DSSE envelope), once decided. Pass it to verify_proof, or
     /// verify it offline with the server's JWKS.
@@ -246,6 +267,11 @@ impl ApprovalView {
             expires_at: request.expires_at.to_string(),
             requested_fields: request.requested_fields.clone(),
             room: request.room.clone(),
+            policy: request.policy.as_ref().map(|p| PolicyView {
+                id: p.policies.join(","),
+                policy_set: p.policy_set.clone(),
+                on_timeout: p.on_timeout.map(|v| v.as_str().to_string()),
+            }),
             decision: request.decision.as_ref().map(|d| DecisionView {
                 decision: d.decision.as_str().to_string(),
                 authorization_type: enum_str(&d.authorization_type),
@@ -254,6 +280,11 @@ impl ApprovalView {
                 fields: d.fields.clone(),
                 decided_at: d.decided_at.to_string(),
                 valid_until: d.valid_until.to_string(),
+                policy: d.policy.as_ref().map(|p| PolicyView {
+                    id: p.id.clone(),
+                    policy_set: p.policy_set.clone(),
+                    on_timeout: None,
+                }),
             }),
             proof: request.proof.as_ref().map(ProofView::from),
             used: request.used().map(|(at, tool)| UsedView {
@@ -284,12 +315,17 @@ pub fn guidance(request: &ApprovalRequest) -> String {
     let who = request
         .decision
         .as_ref()
-        .map(|d| {
-            d.approvers
+        .map(|d| match (&d.policy, d.authorization_type) {
+            (Some(p), countersign_core::AuthorizationType::Fallback) => {
+                format!("fallback (policy {}, nobody decided in time)", p.id)
+            }
+            (Some(p), _) => format!("policy {}", p.id),
+            (None, _) => d
+                .approvers
                 .iter()
                 .map(|a| a.display_name.as_str())
                 .collect::<Vec<_>>()
-                .join(", ")
+                .join(", "),
         })
         .unwrap_or_default();
     match request.status {

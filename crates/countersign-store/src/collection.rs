@@ -50,6 +50,8 @@ pub mod kinds {
     pub const NOTIFY_WINDOW: &str = "notify.window";
     /// The scheduled audit's last result (`last`).
     pub const AUDIT: &str = "audit";
+    /// Policy set versions in the log, by digest (`sha256:...`).
+    pub const POLICY_SET: &str = "policy.set";
 }
 
 /// Declares a collection: a marker type naming a document kind and its body type.
@@ -91,6 +93,9 @@ pub struct Stored<T> {
 }
 
 /// What a [`Docs::modify`] step decided.
+// Built once per step and moved straight into the write: boxing the event would cost an
+// allocation on every write to save a few hundred bytes on the stack for a moment.
+#[allow(clippy::large_enum_variant)]
 pub enum Step<T, R> {
     /// Write this body (inserting when there was no document), with this event, and
     /// return `R` once it is stored.

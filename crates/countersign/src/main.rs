@@ -68,6 +68,9 @@ enum Command {
     /// Inspect and verify the transparency log.
     #[command(subcommand)]
     Log(cmd::log::LogCommand),
+    /// Check, test and explain the Cedar policies (docs/policies.md).
+    #[command(subcommand)]
+    Policy(cmd::policy::PolicyCommand),
     /// Bring the database's schema up to date (serve and mcp also do it on start).
     Migrate,
     /// Copy an installation into a fresh database (e.g. SQLite to PostgreSQL), log,

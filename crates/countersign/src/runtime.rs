@@ -36,6 +36,7 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
         groups: config.guards.groups.clone(),
         room_messages_per_minute: config.guards.room_messages_per_minute,
         pending_per_agent: config.guards.pending_per_agent,
+        policy: config.policy.clone(),
         ..Settings::default()
     };
     let mut builder = Gate::builder(store, config.keys_dir())

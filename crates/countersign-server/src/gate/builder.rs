@@ -146,6 +146,7 @@ impl GateBuilder {
             settings,
             stopping,
             requester_locks: super::KeyedLocks::default(),
+            policies: super::policy::Policies::default(),
         });
         match gate.anchor_existing_keys(&legacy).await {
             Ok(endorsed) if !endorsed.is_empty() => {
@@ -153,6 +154,11 @@ impl GateBuilder {
             }
             Ok(_) => {}
             Err(err) => tracing::warn!(%err, "could not endorse the existing keys"),
+        }
+        // Policies that do not load keep the gate from starting: better no server than
+        // one that decides by rules nobody checked.
+        if gate.settings.policy.is_some() {
+            gate.reload_policies().await?;
         }
         Ok(gate)
     }

@@ -7,6 +7,7 @@
 mod builder;
 mod evidence;
 mod keys;
+mod policy;
 mod recipients;
 mod tokens;
 mod visibility;
@@ -34,6 +35,7 @@ use crate::rooms::Rooms;
 pub use builder::{GateBuilder, Keys};
 pub use evidence::{Redeemed, ReviewerSettings};
 pub use keys::Trusted;
+pub use policy::{PolicySettings, TOOL_DETAIL, read_files as read_policy_files};
 pub use recipients::Recipients;
 pub use tokens::NewToken;
 pub use visibility::EntryShown;
@@ -97,6 +99,9 @@ pub struct Settings {
     pub room_messages_per_minute: u32,
     /// How many pending requests one requester may have at once (`None`: no limit).
     pub pending_per_agent: Option<usize>,
+    /// `[policy]`: the Cedar policy files and the zone their `context.time` is in;
+    /// `None`: no policies (one person decides every request).
+    pub policy: Option<PolicySettings>,
 }
 
 impl Settings {
@@ -128,6 +133,7 @@ impl Default for Settings {
             groups: countersign_core::Groups::default(),
             room_messages_per_minute: crate::rooms::DEFAULT_MESSAGES_PER_MINUTE,
             pending_per_agent: None,
+            policy: None,
         }
     }
 }
@@ -145,6 +151,8 @@ pub struct Gate {
     stopping: CancellationToken,
     /// Serializes one requester's new requests while a pending limit is checked.
     requester_locks: KeyedLocks,
+    /// The policy set in force.
+    policies: policy::Policies,
     /// Bounds on heavy or long-held work (evidence verification, waits).
     admission: Admission,
 }
@@ -288,6 +296,8 @@ impl Gate {
             None => None,
         };
         self.check_pending_limit(who, &transition.request).await?;
+        let mut transition = transition;
+        let ruling = self.apply_policies(who, &mut transition).await?;
         match self
             .store
             .create_request(&transition.seal(new_salt()?))
@@ -295,6 +305,11 @@ impl Gate {
         {
             Created::New(request) => {
                 self.feed.poke();
+                // A policy's decision follows its creation at once.
+                let request = match ruling {
+                    Some(ruling) => self.rule(request, ruling).await?,
+                    None => request,
+                };
                 if let Some(room) = &request.room {
                     // Shown in its room too, so the people there see what waits.
                     self.rooms.post_approval(who, room, &request).await?;
@@ -384,6 +399,10 @@ impl Gate {
         let now = self.now();
         if request.status.is_final() || !request.is_past_expiry(now) {
             return Ok(request);
+        }
+        // A policy may say what its requests' timeouts become.
+        if let Some(decided) = self.fallback(&request).await? {
+            return Ok(decided);
         }
         let transition = request.time_out(now)?;
         match self.store.apply(&transition.seal(new_salt()?)).await {

@@ -78,6 +78,8 @@ pub async fn plan(
     }
     if let Some(request) = &request {
         match kind {
+            // A request a policy decided at once asks nobody (webhooks still hear of it).
+            "request.created" if decided_by_rule(request) => {}
             "request.created" => {
                 out.extend(created_deliveries(config, gate, request, event, now).await?)
             }
@@ -88,6 +90,14 @@ pub async fn plan(
         }
     }
     Ok(out)
+}
+
+/// Whether a rule (a policy, or a timeout's fallback) decided `request`.
+fn decided_by_rule(request: &ApprovalRequest) -> bool {
+    request
+        .decision
+        .as_ref()
+        .is_some_and(|d| d.authorization_type == countersign_core::AuthorizationType::Policy)
 }
 
 /// Whether this server can deliver to `route` (its transport is configured).

@@ -6,8 +6,8 @@ mod support;
 
 mod auth;
 mod decisions;
-mod edge;
 mod digests;
+mod edge;
 mod input;
 mod log;
 mod mcp_http;

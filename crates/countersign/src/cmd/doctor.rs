@@ -139,6 +139,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         check_approver_accounts(config, store, &mut r).await;
         check_audit(config, &**store, &mut r).await;
     }
+    check_policies(config, &mut r);
 
     match KeyRing::open_existing(&config.keys_dir()) {
         Ok(keys) => {
@@ -412,6 +413,28 @@ fn owner_check(r: &Report, dir: &std::path::Path, owner: u32) {
             "the data directory belongs to uid {owner}, not to this user (uid {me})"
         )),
         None => {}
+    }
+}
+
+/// Whether the policy files load (what `serve` would put in force).
+fn check_policies(config: &Config, r: &mut Report) {
+    let Some(policy) = &config.policy else {
+        r.ok("no [policy] files: one person decides every request");
+        return;
+    };
+    let loaded = countersign_server::gate::read_policy_files(&policy.files)
+        .and_then(|files| countersign_policy::PolicySet::load(files).map_err(|e| e.to_string()));
+    match loaded {
+        Ok(set) => r.ok(&format!(
+            "policies: {} in {} file(s), zone {}, policy set {}",
+            set.policies().len(),
+            set.files().len(),
+            policy.zone.name(),
+            set.digest()
+        )),
+        Err(e) => r.fail(&format!(
+            "the policy files do not load ({e}); serve will not start with them, and a running serve keeps the set it has"
+        )),
     }
 }
 

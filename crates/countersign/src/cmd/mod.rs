@@ -8,6 +8,7 @@ pub mod keys;
 pub mod log;
 pub mod mcp;
 pub mod migrate;
+pub mod policy;
 pub mod send_test_email;
 pub mod serve;
 pub mod token;
@@ -52,6 +53,7 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
             log::verify_bundle(&config, &args, data_dir_given).await
         }
         Command::Log(command) => log::run(&config, command).await,
+        Command::Policy(command) => policy::run(&config, command).await,
         Command::Doctor(_) => doctor::run(&config).await,
         Command::SendTestEmail(args) => send_test_email::run(&config, &args).await,
         Command::Migrate => migrate::migrate(&config).await,

@@ -85,6 +85,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
             .clone()
             .run(gate.feed().clone(), shutdown.clone()),
     );
+    tokio::spawn(gate.clone().watch_policies(shutdown.clone()));
     if let Some(every) = config.audit_interval {
         tokio::spawn(countersign_server::audit::run(
             gate.clone(),

@@ -28,6 +28,7 @@ pub struct FileConfig {
     pub evidence: Option<EvidenceSection>,
     pub review: Option<ReviewSection>,
     pub audit: Option<AuditSection>,
+    pub policy: Option<PolicySection>,
     #[serde(default)]
     pub webhooks: Vec<WebhookSection>,
     pub notify: Option<NotifySection>,
@@ -84,6 +85,17 @@ pub struct LogSection {
 #[serde(deny_unknown_fields)]
 pub struct EvidenceSection {
     pub raw_payload_export: Option<bool>,
+}
+
+/// `[policy]`: Cedar policy files (docs/policies.md).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PolicySection {
+    /// The files, in order (relative paths are from the config file's directory).
+    #[serde(default)]
+    pub files: Vec<PathBuf>,
+    /// The IANA zone `context.time` is in (default `UTC`).
+    pub timezone: Option<String>,
 }
 
 /// `[audit]`: how often `serve` holds the database to the log.

@@ -80,6 +80,8 @@ pub struct Config {
     pub server: ServerLimits,
     /// How often `serve` runs the audit (`[audit] interval`); `None`: never.
     pub audit_interval: Option<std::time::Duration>,
+    /// `[policy]`: the Cedar policy files and their zone; `None`: no policies.
+    pub policy: Option<countersign_server::gate::PolicySettings>,
 }
 
 /// `[server]`, resolved: each default is the server's (`HttpConfig`, `Settings`).
@@ -136,6 +138,7 @@ impl Config {
             evidence,
             review,
             audit,
+            policy,
             webhooks,
             notify,
             reminders,
@@ -162,6 +165,7 @@ impl Config {
         let mut warnings = Vec::new();
         let reviewer = reviewer(review, &mut warnings)?;
         let audit_interval = audit_interval(&env, audit)?;
+        let policy = policy_settings(policy, config_file.as_deref())?;
         let database = database::resolve(overrides, &env, database_url, &data_dir)?;
         let feed_poll_ms = database::feed_poll_ms(&env, feed_poll_ms, &database)?;
         let keys_dir = env
@@ -193,6 +197,7 @@ impl Config {
                 .unwrap_or(Settings::default().raw_payload_export),
             reviewer,
             audit_interval,
+            policy,
             warnings,
             listen,
             data_dir,
@@ -382,6 +387,41 @@ fn log_origin(log: Option<LogSection>) -> anyhow::Result<Option<String>> {
     Ok(origin)
 }
 
+/// `[policy]`: the files (relative to the config file's directory) and a known zone.
+/// No files means no policies, whatever the zone.
+fn policy_settings(
+    section: Option<file::PolicySection>,
+    config_file: Option<&std::path::Path>,
+) -> anyhow::Result<Option<countersign_server::gate::PolicySettings>> {
+    let Some(section) = section else {
+        return Ok(None);
+    };
+    let zone = match section.timezone.as_deref() {
+        None => chrono_tz::UTC,
+        Some(name) => name.parse().map_err(|_| {
+            anyhow::anyhow!(
+                "[policy] timezone {name:?} is not an IANA time zone (e.g. \"Europe/Paris\", \"UTC\")"
+            )
+        })?,
+    };
+    if section.files.is_empty() {
+        return Ok(None);
+    }
+    let base = config_file.and_then(std::path::Path::parent);
+    let files = section
+        .files
+        .into_iter()
+        .map(|f| match base {
+            Some(base) if f.is_relative() => base.join(f),
+            _ => f,
+        })
+        .collect();
+    Ok(Some(countersign_server::gate::PolicySettings {
+        files,
+        zone,
+    }))
+}
+
 /// `[audit] interval` (or `COUNTERSIGN_AUDIT_INTERVAL`): `off`, or how often `serve`
 /// holds the database to the log, as `30s`, `15m`, `1h` or `1d`.
 fn audit_interval(
@@ -407,7 +447,7 @@ fn audit_interval(
     let seconds = text
         .char_indices()
         .last()
-        .and_then(|(i, u)| Some(text[..i].parse::<u64>().ok()?.checked_mul(unit(u)?)?))
+        .and_then(|(i, u)| text[..i].parse::<u64>().ok()?.checked_mul(unit(u)?))
         .filter(|s| *s > 0);
     match seconds {
         Some(s) => Ok(Some(std::time::Duration::from_secs(s))),

@@ -16,4 +16,5 @@ mod cli;
 mod evidence;
 mod external_clients;
 mod instances;
+mod policies;
 mod webhooks;
