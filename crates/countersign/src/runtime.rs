@@ -33,6 +33,7 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
         session_seconds: config.session_hours * 3600,
         backup_dir: Some(config.data_dir.join("backups")),
         max_waits_per_token: config.server.max_waits_per_token,
+        max_sessions_per_account: config.server.max_sessions_per_account,
         ..Settings::default()
     };
     let mut builder = Gate::builder(store, config.keys_dir())

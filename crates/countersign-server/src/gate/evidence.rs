@@ -195,7 +195,8 @@ impl Gate {
         let event = decision_record(&id, input, who, now, self.limits())?;
         let seq = self.store.append_event(&event.seal(new_salt()?)).await?;
         self.feed.poke();
-        Ok((id, seq - 1))
+        // Sequence numbers start at 1; the log's index is one less.
+        Ok((id, seq.saturating_sub(1)))
     }
 
     /// An evidence bundle for a request (`req_...`) or a recorded decision (`dec_...`).

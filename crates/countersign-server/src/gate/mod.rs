@@ -50,6 +50,10 @@ pub const MAX_SESSION_SECONDS: u64 = 30 * 24 * 3600;
 /// own), few enough that one token cannot hold every connection the server allows.
 pub const DEFAULT_MAX_WAITS_PER_TOKEN: usize = 1_000;
 
+/// Dashboard sessions per account unless configured otherwise: a person's browsers and
+/// devices, with room to spare.
+pub const DEFAULT_MAX_SESSIONS_PER_ACCOUNT: usize = 10;
+
 /// A wait of `given` seconds (or `default`), refused beyond [`MAX_WAIT_SECONDS`].
 pub fn wait_time(given: Option<u64>, default: u64) -> Result<Duration, GateError> {
     let seconds = given.unwrap_or(default);
@@ -87,6 +91,9 @@ pub struct Settings {
     /// How many waits (REST long polls, MCP `wait_for_approval`, room waits) one
     /// credential may have open at once.
     pub max_waits_per_token: usize,
+    /// How many dashboard sessions one account may hold; signing in past it ends the
+    /// account's oldest session.
+    pub max_sessions_per_account: usize,
 }
 
 impl Settings {
@@ -94,6 +101,9 @@ impl Settings {
     pub fn validate(&self) -> Result<(), String> {
         if self.max_waits_per_token == 0 {
             return Err("max_waits_per_token must be at least 1".into());
+        }
+        if !(1..=1000).contains(&self.max_sessions_per_account) {
+            return Err("max_sessions_per_account must be between 1 and 1000".into());
         }
         if !(1..=MAX_SESSION_SECONDS).contains(&self.session_seconds) {
             return Err(format!(
@@ -115,6 +125,7 @@ impl Default for Settings {
             backup_dir: None,
             session_seconds: DEFAULT_SESSION_SECONDS,
             max_waits_per_token: DEFAULT_MAX_WAITS_PER_TOKEN,
+            max_sessions_per_account: DEFAULT_MAX_SESSIONS_PER_ACCOUNT,
         }
     }
 }

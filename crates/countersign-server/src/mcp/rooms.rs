@@ -219,7 +219,8 @@ impl McpService {
         Parameters(input): Parameters<WaitMessageInput>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<MessagesOutput>, ToolError> {
-        self.caller(&ctx)?;
+        let who = self.caller(&ctx)?;
+        let _open = self.gate.hold_wait(&who)?;
         let timeout = wait_time(input.timeout_seconds, 30)?;
         let since = input.since.unwrap_or(0);
         let messages = self
@@ -379,7 +380,8 @@ impl McpService {
         Parameters(input): Parameters<ResolutionInput>,
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ResolutionOutput>, ToolError> {
-        self.caller(&ctx)?;
+        let who = self.caller(&ctx)?;
+        let _open = self.gate.hold_wait(&who)?;
         let timeout = wait_time(input.timeout_seconds, 45)?;
         let reply = self
             .gate

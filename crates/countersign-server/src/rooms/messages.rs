@@ -34,8 +34,11 @@ impl HumanGate {
 }
 
 fn message_seq(id: &str) -> Result<u64, GateError> {
-    rooms::seq_of(id)
-        .ok_or_else(|| GateError::BadInput(format!("{id:?} is not a message id (m<number>)")))
+    // Messages count from m1, and the one before a message is read as `seq - 1`: m0
+    // would overflow.
+    rooms::seq_of(id).filter(|seq| *seq > 0).ok_or_else(|| {
+        GateError::BadInput(format!("{id:?} is not a message id (m<number>, from m1)"))
+    })
 }
 
 impl Rooms {
@@ -138,7 +141,7 @@ impl Rooms {
     ) -> Result<(String, MessageView), GateError> {
         let room = rooms::room_name(room)?;
         let seq = message_seq(id)?;
-        let mut messages = self.messages(&room, seq - 1, 1).await?;
+        let mut messages = self.messages(&room, seq.saturating_sub(1), 1).await?;
         match messages.pop() {
             Some(m) if m.seq == seq && m.kind == gate.kind() => Ok((room, m)),
             _ => Err(GateError::NotFound(format!(
@@ -322,5 +325,19 @@ impl Rooms {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_ids_count_from_one() {
+        assert_eq!(message_seq("m1").ok(), Some(1));
+        let err = message_seq("m0").err().map(|e| e.code());
+        assert_eq!(err, Some("invalid_input"));
+        assert!(message_seq("m18446744073709551615").is_ok());
+        assert!(message_seq("x1").is_err());
     }
 }

@@ -439,3 +439,46 @@ async fn a_start_without_an_admin_mints_one_setup_link_at_a_time() {
         SetupLink::New(_)
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signing_in_past_max_sessions_ends_the_oldest_session() {
+    let server = start_full(
+        HttpConfig::default(),
+        Settings {
+            max_sessions_per_account: 2,
+            ..Settings::default()
+        },
+    )
+    .await;
+    let token = server.gate.accounts().setup_token(600).await.unwrap();
+    let password = "correct horse battery";
+    let (first, _) = accept(
+        &server,
+        json!({"token": token, "username": "admin", "password": password}),
+    )
+    .await;
+    let me = |client: reqwest::Client| {
+        let url = server.url("/ui/api/me");
+        async move { client.get(url).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(me(first.clone()).await, 200);
+    let mut others = Vec::new();
+    for _ in 0..2 {
+        // Created apart in time, so "oldest" is well defined.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let client = crate::support::browser();
+        let resp = client
+            .post(server.url("/ui/login"))
+            .json(&json!({"username": "admin", "password": password}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        others.push(client);
+    }
+    // Three sign-ins, two sessions kept: the first (the oldest) ended.
+    assert_eq!(me(first).await, 401, "the oldest session was ended");
+    for client in others {
+        assert_eq!(me(client).await, 200, "the newer sessions work");
+    }
+}
