@@ -16,6 +16,7 @@
 //! [`scale`]); the servers they start are [`instances`], the calls they make [`client`],
 //! and [`figures`] turns measurements into percentiles.
 
+mod abuse;
 mod client;
 mod figures;
 mod instances;
@@ -107,6 +108,26 @@ enum Bench {
         /// Start on this PostgreSQL database (postgres://...) instead of SQLite.
         #[arg(long, value_name = "URL")]
         database: Option<String>,
+        /// The countersign binary (default: next to this one).
+        #[arg(long)]
+        bin: Option<PathBuf>,
+    },
+    /// The server under abuse, side by side in one run: sockets that never finish a
+    /// request (closed within the header and body timeouts) while long polls wait; a
+    /// flood of the largest evidence uploads (zip bombs) while another client's calls
+    /// are timed, with the server's peak memory; then 20 wrong passwords at once
+    /// against one account, and the right one.
+    Abuse {
+        /// Sockets of each abusive kind (silent, one byte, half the headers, half a
+        /// body, idle keep-alive).
+        #[arg(long, default_value_t = 200)]
+        sockets: usize,
+        /// Concurrent uploaders in the flood.
+        #[arg(long, default_value_t = 32)]
+        uploads: usize,
+        /// Seconds the flood lasts.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
         /// The countersign binary (default: next to this one).
         #[arg(long)]
         bin: Option<PathBuf>,
@@ -209,6 +230,18 @@ async fn main() -> anyhow::Result<()> {
             let bin = binary(bin)?;
             check_database(database.as_deref())?;
             scale::startup(&bin, runs, database.as_deref()).await
+        }
+        Bench::Abuse {
+            sockets,
+            uploads,
+            seconds,
+            bin,
+        } => {
+            let bin = binary(bin)?;
+            if uploads == 0 || seconds == 0 {
+                bail!("--uploads and --seconds must be at least 1");
+            }
+            abuse::abuse(&bin, sockets, uploads, seconds).await
         }
         Bench::Poll {
             agents,
