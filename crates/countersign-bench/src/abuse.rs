@@ -161,12 +161,22 @@ pub async fn abuse(
             tokio::spawn(async move {
                 let http = http?;
                 while Instant::now() < until {
-                    let resp = http
+                    let sent = http
                         .post(&url)
                         .bearer_auth(&token)
                         .body(bomb.to_vec())
                         .send()
-                        .await?;
+                        .await;
+                    // A busy server answers 503 before reading the body and closes the
+                    // connection: the client may see only the close.
+                    let resp = match sent {
+                        Ok(resp) => resp,
+                        Err(_) => {
+                            busy.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_millis(100)).await;
+                            continue;
+                        }
+                    };
                     match resp.status().as_u16() {
                         200 => {
                             let verdict: Value = resp.json().await?;

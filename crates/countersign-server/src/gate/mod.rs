@@ -30,7 +30,7 @@ use crate::log::TransparencyLog;
 use crate::rooms::Rooms;
 
 pub use builder::{GateBuilder, Keys};
-pub use evidence::{Redeemed, ReviewerSettings};
+pub use evidence::{EvidenceTurn, Redeemed, ReviewerSettings};
 pub use recipients::Recipients;
 pub use tokens::NewToken;
 
