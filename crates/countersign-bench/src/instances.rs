@@ -55,6 +55,8 @@ pub(crate) struct Setup {
     pub(crate) instances: Vec<Instance>,
     dir: tempfile::TempDir,
     backend_env: Vec<(&'static str, String)>,
+    /// A `countersign.toml` every instance starts with (none when empty).
+    config: String,
     pub(crate) agent: String,
     pub(crate) approver: String,
 }
@@ -69,6 +71,16 @@ impl Setup {
         bin: &Path,
         backend: Backend<'_>,
         count: usize,
+    ) -> anyhow::Result<Setup> {
+        Self::start_configured(bin, backend, count, "").await
+    }
+
+    /// Like [`Setup::start`], each instance with `config` as its `countersign.toml`.
+    pub(crate) async fn start_configured(
+        bin: &Path,
+        backend: Backend<'_>,
+        count: usize,
+        config: &str,
     ) -> anyhow::Result<Setup> {
         let dir = tempfile::tempdir()?;
         let backend_env = match backend {
@@ -85,6 +97,7 @@ impl Setup {
             instances: Vec::new(),
             dir,
             backend_env,
+            config: config.to_string(),
             agent: String::new(),
             approver: String::new(),
         };
@@ -110,6 +123,19 @@ impl Setup {
         cmd
     }
 
+    /// Runs `countersign <args>` on instance 0's data; its standard output.
+    pub(crate) async fn cli(&self, bin: &Path, args: &[&str]) -> anyhow::Result<String> {
+        let out = self.command(bin, 0).args(args).output().await?;
+        if !out.status.success() {
+            bail!(
+                "countersign {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(String::from_utf8(out.stdout)?)
+    }
+
     async fn token(&self, bin: &Path, role: &str, name: &str) -> anyhow::Result<String> {
         let out = self
             .command(bin, 0)
@@ -126,6 +152,13 @@ impl Setup {
     }
 
     async fn serve(&self, bin: &Path, i: usize) -> anyhow::Result<Instance> {
+        if !self.config.is_empty() {
+            use std::os::unix::fs::PermissionsExt;
+            let dir = self.data_dir(i);
+            std::fs::create_dir_all(&dir)?;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
+            std::fs::write(dir.join("countersign.toml"), &self.config)?;
+        }
         let mut child = self
             .command(bin, i)
             .args(["serve", "--listen", "127.0.0.1:0"])

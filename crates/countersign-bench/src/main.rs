@@ -17,6 +17,7 @@
 //! and [`figures`] turns measurements into percentiles.
 
 mod audit;
+mod abuse;
 mod client;
 mod figures;
 mod instances;
@@ -139,6 +140,26 @@ enum Bench {
         #[arg(long)]
         bin: Option<PathBuf>,
     },
+    /// The server under abuse, side by side in one run: sockets that never finish a
+    /// request (closed within the header and body timeouts) while long polls wait; a
+    /// flood of the largest evidence uploads (zip bombs) while another client's calls
+    /// are timed, with the server's peak memory; then 20 wrong passwords at once
+    /// against one account, and the right one.
+    Abuse {
+        /// Sockets of each abusive kind (silent, one byte, half the headers, half a
+        /// body, idle keep-alive).
+        #[arg(long, default_value_t = 200)]
+        sockets: usize,
+        /// Concurrent uploaders in the flood.
+        #[arg(long, default_value_t = 32)]
+        uploads: usize,
+        /// Seconds the flood lasts.
+        #[arg(long, default_value_t = 20)]
+        seconds: u64,
+        /// The countersign binary (default: next to this one).
+        #[arg(long)]
+        bin: Option<PathBuf>,
+    },
     /// Push against polling: the same workload with agents polling check_approval every
     /// second (the best peer's interval) and with agents waiting on wait_for_approval,
     /// reporting both latencies and the requests each puts on the server.
@@ -247,6 +268,18 @@ async fn main() -> anyhow::Result<()> {
             let bin = binary(bin)?;
             check_database(database.as_deref())?;
             scale::startup(&bin, runs, database.as_deref()).await
+        }
+        Bench::Abuse {
+            sockets,
+            uploads,
+            seconds,
+            bin,
+        } => {
+            let bin = binary(bin)?;
+            if uploads == 0 || seconds == 0 {
+                bail!("--uploads and --seconds must be at least 1");
+            }
+            abuse::abuse(&bin, sockets, uploads, seconds).await
         }
         Bench::Poll {
             agents,

@@ -18,7 +18,7 @@ use crate::instances::{Backend, Setup, listening_address};
 // ---- process figures from /proc ----------------------------------------------------
 
 /// Resident memory of `pid` in MiB (VmRSS), and its peak (VmHWM).
-fn rss_mib(pid: u32) -> anyhow::Result<(f64, f64)> {
+pub(crate) fn rss_mib(pid: u32) -> anyhow::Result<(f64, f64)> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status"))
         .with_context(|| format!("cannot read /proc/{pid}/status (Linux only)"))?;
     let field = |name: &str| -> anyhow::Result<f64> {
@@ -50,7 +50,7 @@ pub(crate) fn cpu_seconds(pid: u32) -> anyhow::Result<f64> {
 
 /// How many sockets `pid` holds (its listener, its database connections and one per
 /// client connection).
-fn sockets(pid: u32) -> usize {
+pub(crate) fn sockets(pid: u32) -> usize {
     std::fs::read_dir(format!("/proc/{pid}/fd"))
         .map(|d| {
             d.filter_map(Result::ok)
@@ -69,7 +69,7 @@ const SOCKET_SLACK: usize = 64;
 
 /// Raises this process's open-file limit to its hard limit (the servers it starts inherit
 /// it): 10,000 waiters are 10,000 connections on each side.
-fn raise_open_files(wanted: u64) -> anyhow::Result<u64> {
+pub(crate) fn raise_open_files(wanted: u64) -> anyhow::Result<u64> {
     rlimit::increase_nofile_limit(wanted).context("cannot raise the open-file limit")
 }
 
@@ -99,13 +99,19 @@ pub async fn waiters(bin: &Path, count: usize, database: Option<&str>) -> anyhow
     if limit < count as u64 + 512 {
         bail!("the open-file limit is {limit}; {count} waiters need more (ulimit -n)");
     }
+    // One token for every waiter: allow it as many waits (and connections) as there are.
+    let config = format!(
+        "[server]\nmax_waits_per_token = {}\nmax_connections = {}\n",
+        count + 16,
+        count + 4096
+    );
     let (setup, label) = match database {
         None => (
-            Setup::start(bin, Backend::Sqlite, 1).await?,
+            Setup::start_configured(bin, Backend::Sqlite, 1, &config).await?,
             "sqlite, one instance",
         ),
         Some(url) => (
-            Setup::start(bin, Backend::Postgres(url), 2).await?,
+            Setup::start_configured(bin, Backend::Postgres(url), 2, &config).await?,
             "postgres, wait on A, decide on B",
         ),
     };

@@ -76,6 +76,8 @@ pub struct Accounts {
     clock: Arc<dyn Clock>,
     /// How long a session lasts.
     session_seconds: u64,
+    /// Sessions one account may hold; signing in past it ends the oldest.
+    max_sessions: usize,
     /// A hash to verify against when the username is unknown, so that timing does not
     /// tell which usernames exist.
     decoy_hash: String,
@@ -121,11 +123,13 @@ impl Accounts {
         store: Arc<dyn Store>,
         clock: Arc<dyn Clock>,
         session_seconds: u64,
+        max_sessions: usize,
     ) -> Result<Self, GateError> {
         Ok(Self {
             store,
             clock,
             session_seconds,
+            max_sessions,
             decoy_hash: hash_password(&random_token()?)?,
         })
     }
@@ -484,10 +488,44 @@ impl Accounts {
         Docs::<SessionDocs>::new(&*self.store)
             .insert(&id, Some(hash), &session, now, None)
             .await?;
+        self.evict_oldest_sessions(&user.id).await;
         Ok(SignIn::Ok {
             user,
             session_token: token,
         })
+    }
+
+    /// Ends the account's oldest sessions beyond `max_sessions` (the new one is kept:
+    /// signing in on another device is never refused for sessions left open elsewhere).
+    async fn evict_oldest_sessions(&self, user_id: &str) {
+        let sessions = Docs::<SessionDocs>::new(&*self.store);
+        // Past the cap by a few at most, so a page a little larger than it reads all.
+        let listed = match sessions
+            .list(
+                &format!("{user_id}/"),
+                self.max_sessions.saturating_mul(2) + 16,
+            )
+            .await
+        {
+            Ok(listed) => listed,
+            Err(err) => {
+                tracing::warn!(%err, "could not list the sessions of {user_id}");
+                return;
+            }
+        };
+        if listed.len() <= self.max_sessions {
+            return;
+        }
+        let mut by_age: Vec<_> = listed
+            .iter()
+            .map(|s| (s.body.created_at, s.id.clone()))
+            .collect();
+        by_age.sort();
+        for (_, id) in by_age.iter().take(listed.len() - self.max_sessions) {
+            if let Err(err) = sessions.delete(id).await {
+                tracing::warn!(%err, "could not end the old session {id}");
+            }
+        }
     }
 
     /// Counts a failed sign-in with a compare-and-swap, read again when attempts race,

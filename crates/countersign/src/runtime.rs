@@ -37,6 +37,7 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
         room_messages_per_minute: config.guards.room_messages_per_minute,
         pending_per_agent: config.guards.pending_per_agent,
         policy: config.policy.clone(),
+        max_sessions_per_account: config.server.max_sessions_per_account,
         ..Settings::default()
     };
     let mut builder = Gate::builder(store, config.keys_dir())

@@ -127,7 +127,12 @@ impl GateBuilder {
         let log = Arc::new(log);
         let stopping = CancellationToken::new();
         let gate = Arc::new(Gate {
-            accounts: Accounts::new(store.clone(), clock.clone(), settings.session_seconds)?,
+            accounts: Accounts::new(
+                store.clone(),
+                clock.clone(),
+                settings.session_seconds,
+                settings.max_sessions_per_account,
+            )?,
             rooms: Rooms::new(
                 store.clone(),
                 feed.clone(),

@@ -17,6 +17,11 @@ use countersign_core::{
 };
 
 use super::Gate;
+
+/// A turn of the evidence-verification lane ([`Gate::evidence_turn`]).
+pub struct EvidenceTurn {
+    _permit: tokio::sync::OwnedSemaphorePermit,
+}
 use crate::error::GateError;
 use crate::ids::{new_id, new_salt};
 
@@ -195,7 +200,8 @@ impl Gate {
         let event = decision_record(&id, input, who, now, self.limits())?;
         let seq = self.store.append_event(&event.seal(new_salt()?)).await?;
         self.feed.poke();
-        Ok((id, seq - 1))
+        // Sequence numbers start at 1; the log's index is one less.
+        Ok((id, seq.saturating_sub(1)))
     }
 
     /// An evidence bundle for a request (`req_...`) or a recorded decision (`dec_...`).
@@ -251,18 +257,38 @@ impl Gate {
         Ok((old, new))
     }
 
+    /// A turn to verify a bundle, to take before reading an upload: an upload past the
+    /// lane's turns and queue is refused (`unavailable`, "busy") before its bytes are
+    /// read, so a flood of uploads costs neither memory nor the async workers' time.
+    pub async fn evidence_turn(&self) -> Result<EvidenceTurn, GateError> {
+        Ok(EvidenceTurn {
+            _permit: self.admission.verify.enter().await?,
+        })
+    }
+
     /// Verifies an uploaded bundle against this server's published keys, reading no
     /// more of it than a real bundle of its size holds (`ReadLimits::upload`), on a
     /// blocking thread, a few at a time: beyond that the caller is told the server is
     /// busy (`unavailable`).
     pub async fn verify_evidence(&self, zip: Vec<u8>) -> Result<BundleReport, GateError> {
+        let turn = self.evidence_turn().await?;
+        self.verify_evidence_in(turn, zip).await
+    }
+
+    /// [`Gate::verify_evidence`] in a turn already taken.
+    pub async fn verify_evidence_in(
+        &self,
+        turn: EvidenceTurn,
+        zip: Vec<u8>,
+    ) -> Result<BundleReport, GateError> {
         let jwks = self.jwks().await?;
-        let _turn = self.admission.verify.enter().await?;
-        tokio::task::spawn_blocking(move || {
+        let report = tokio::task::spawn_blocking(move || {
             let limits = countersign_core::bundle::ReadLimits::upload(zip.len());
             countersign_core::bundle::verify_within(&zip, Some(&jwks), &limits)
         })
         .await
-        .map_err(|e| GateError::internal("verifying the bundle", e))
+        .map_err(|e| GateError::internal("verifying the bundle", e));
+        drop(turn);
+        report
     }
 }

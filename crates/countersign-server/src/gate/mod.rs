@@ -33,7 +33,7 @@ use crate::log::TransparencyLog;
 use crate::rooms::Rooms;
 
 pub use builder::{GateBuilder, Keys};
-pub use evidence::{Redeemed, ReviewerSettings};
+pub use evidence::{EvidenceTurn, Redeemed, ReviewerSettings};
 pub use keys::Trusted;
 pub use policy::{PolicySettings, TOOL_DETAIL, read_files as read_policy_files};
 pub use recipients::Recipients;
@@ -55,6 +55,10 @@ pub const MAX_SESSION_SECONDS: u64 = 30 * 24 * 3600;
 /// enough for a fleet of agents sharing one token (the 10,000-waiter benchmark sets its
 /// own), few enough that one token cannot hold every connection the server allows.
 pub const DEFAULT_MAX_WAITS_PER_TOKEN: usize = 1_000;
+
+/// Dashboard sessions per account unless configured otherwise: a person's browsers and
+/// devices, with room to spare.
+pub const DEFAULT_MAX_SESSIONS_PER_ACCOUNT: usize = 10;
 
 /// A wait of `given` seconds (or `default`), refused beyond [`MAX_WAIT_SECONDS`].
 pub fn wait_time(given: Option<u64>, default: u64) -> Result<Duration, GateError> {
@@ -102,6 +106,9 @@ pub struct Settings {
     /// `[policy]`: the Cedar policy files and the zone their `context.time` is in;
     /// `None`: no policies (one person decides every request).
     pub policy: Option<PolicySettings>,
+    /// How many dashboard sessions one account may hold; signing in past it ends the
+    /// account's oldest session.
+    pub max_sessions_per_account: usize,
 }
 
 impl Settings {
@@ -109,6 +116,9 @@ impl Settings {
     pub fn validate(&self) -> Result<(), String> {
         if self.max_waits_per_token == 0 {
             return Err("max_waits_per_token must be at least 1".into());
+        }
+        if !(1..=1000).contains(&self.max_sessions_per_account) {
+            return Err("max_sessions_per_account must be between 1 and 1000".into());
         }
         if !(1..=MAX_SESSION_SECONDS).contains(&self.session_seconds) {
             return Err(format!(
@@ -134,6 +144,7 @@ impl Default for Settings {
             room_messages_per_minute: crate::rooms::DEFAULT_MESSAGES_PER_MINUTE,
             pending_per_agent: None,
             policy: None,
+            max_sessions_per_account: DEFAULT_MAX_SESSIONS_PER_ACCOUNT,
         }
     }
 }

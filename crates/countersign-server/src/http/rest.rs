@@ -393,12 +393,25 @@ pub(super) async fn get_evidence(
 
 pub(super) async fn verify_evidence(
     Caller { gate, .. }: Caller,
-    body: axum::body::Bytes,
-) -> Result<Json<crate::views::BundleReportView>, ApiError> {
-    // A busy server (every verification turn taken) is a 503 the client retries; what
-    // the bundle itself gets wrong is in the report.
-    let report = gate.verify_evidence(body.to_vec()).await?;
-    Ok(Json(report.into()))
+    State(state): State<AppState>,
+    request: axum::extract::Request,
+) -> Response {
+    use axum::extract::FromRequest;
+    // The turn first, the body after: an upload the server is too busy for is refused
+    // (503, retry) before its bytes are read. What the bundle itself gets wrong is in
+    // the report.
+    let turn = match gate.evidence_turn().await {
+        Ok(turn) => turn,
+        Err(err) => return ApiError(err).into_response(),
+    };
+    let body = match axum::body::Bytes::from_request(request, &state).await {
+        Ok(body) => body,
+        Err(rejection) => return rejection.into_response(),
+    };
+    match gate.verify_evidence_in(turn, Vec::from(body)).await {
+        Ok(report) => Json(crate::views::BundleReportView::from(report)).into_response(),
+        Err(err) => ApiError(err).into_response(),
+    }
 }
 
 input!(CheckpointParams { size: Option<u64> });

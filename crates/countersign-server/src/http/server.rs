@@ -54,7 +54,7 @@ impl Default for ConnectionLimits {
     fn default() -> Self {
         Self {
             header_timeout: Duration::from_secs(10),
-            body_timeout: Duration::from_secs(30),
+            body_timeout: Duration::from_secs(10),
             // Above the 10,000 agents waiting at once that docs/benchmarks.md measures.
             max_connections: 16_384,
         }

@@ -239,6 +239,7 @@ impl McpService {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<MessagesOutput>, ToolError> {
         let who = self.caller(&ctx)?;
+        let _open = self.gate.hold_wait(&who)?;
         let timeout = wait_time(input.timeout_seconds, 30)?;
         let since = input.since.unwrap_or(0);
         let messages = self
@@ -425,6 +426,7 @@ impl McpService {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ResolutionOutput>, ToolError> {
         let who = self.caller(&ctx)?;
+        let _open = self.gate.hold_wait(&who)?;
         let timeout = wait_time(input.timeout_seconds, 45)?;
         let reply = self
             .gate

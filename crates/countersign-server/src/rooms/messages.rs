@@ -62,8 +62,11 @@ fn shown_to(who: &Principal, mut messages: Vec<MessageView>) -> Vec<MessageView>
 const PAGE_EVENTS: usize = 500;
 
 fn message_seq(id: &str) -> Result<u64, GateError> {
-    rooms::seq_of(id)
-        .ok_or_else(|| GateError::BadInput(format!("{id:?} is not a message id (m<number>)")))
+    // Messages count from m1, and the one before a message is read as `seq - 1`: m0
+    // would overflow.
+    rooms::seq_of(id).filter(|seq| *seq > 0).ok_or_else(|| {
+        GateError::BadInput(format!("{id:?} is not a message id (m<number>, from m1)"))
+    })
 }
 
 impl Rooms {
@@ -499,5 +502,19 @@ impl Rooms {
             }
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn message_ids_count_from_one() {
+        assert_eq!(message_seq("m1").ok(), Some(1));
+        let err = message_seq("m0").err().map(|e| e.code());
+        assert_eq!(err, Some("invalid_input"));
+        assert!(message_seq("m18446744073709551615").is_ok());
+        assert!(message_seq("x1").is_err());
     }
 }

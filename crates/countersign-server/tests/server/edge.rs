@@ -439,3 +439,93 @@ async fn a_start_without_an_admin_mints_one_setup_link_at_a_time() {
         SetupLink::New(_)
     ));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn signing_in_past_max_sessions_ends_the_oldest_session() {
+    let server = start_full(
+        HttpConfig::default(),
+        Settings {
+            max_sessions_per_account: 2,
+            ..Settings::default()
+        },
+    )
+    .await;
+    let token = server.gate.accounts().setup_token(600).await.unwrap();
+    let password = "correct horse battery";
+    let (first, _) = accept(
+        &server,
+        json!({"token": token, "username": "admin", "password": password}),
+    )
+    .await;
+    let me = |client: reqwest::Client| {
+        let url = server.url("/ui/api/me");
+        async move { client.get(url).send().await.unwrap().status().as_u16() }
+    };
+    assert_eq!(me(first.clone()).await, 200);
+    let mut others = Vec::new();
+    for _ in 0..2 {
+        // Created apart in time, so "oldest" is well defined.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let client = crate::support::browser();
+        let resp = client
+            .post(server.url("/ui/login"))
+            .json(&json!({"username": "admin", "password": password}))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        others.push(client);
+    }
+    // Three sign-ins, two sessions kept: the first (the oldest) ended.
+    assert_eq!(me(first).await, 401, "the oldest session was ended");
+    for client in others {
+        assert_eq!(me(client).await, 200, "the newer sessions work");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_past_the_verification_lane_are_told_busy_before_being_read() {
+    let server = start().await;
+    // Both turns taken (as two long verifications would).
+    let turns = [
+        server.gate.evidence_turn().await.unwrap(),
+        server.gate.evidence_turn().await.unwrap(),
+    ];
+    let upload = || {
+        let http = server.http.clone();
+        let (url, token) = (server.url("/api/v1/evidence/verify"), server.agent.clone());
+        async move {
+            let resp = http
+                .post(url)
+                .bearer_auth(token)
+                .body(bomb(8 * 1024 * 1024))
+                .send()
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            (status, resp.json::<Value>().await.unwrap_or(Value::Null))
+        }
+    };
+    // Eight wait their turn.
+    let queued: Vec<_> = (0..8).map(|_| tokio::spawn(upload())).collect();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let begun = Instant::now();
+    let (status, body) = upload().await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["error"]["code"], "unavailable", "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("busy with evidence verifications"),
+        "{body}"
+    );
+    assert!(begun.elapsed() < Duration::from_secs(2), "told at once");
+    // Turns free: the queued ones are verified (and refused as bombs).
+    drop(turns);
+    for task in queued {
+        let (status, verdict) = task.await.unwrap();
+        assert_eq!(status, 200, "{verdict}");
+        assert_eq!(verdict["valid"], false, "{verdict}");
+    }
+}

@@ -73,6 +73,7 @@ pub struct ServerSection {
     pub max_connections: Option<usize>,
     pub trusted_proxies: Option<Vec<String>>,
     pub max_waits_per_token: Option<usize>,
+    pub max_sessions_per_account: Option<usize>,
 }
 
 #[derive(Debug, Default, Deserialize)]

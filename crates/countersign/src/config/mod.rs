@@ -92,6 +92,7 @@ pub struct ServerLimits {
     pub max_connections: usize,
     pub trusted_proxies: countersign_server::http::client::TrustedProxies,
     pub max_waits_per_token: usize,
+    pub max_sessions_per_account: usize,
 }
 
 /// Settings given on the command line (each overrides everything else).
@@ -358,6 +359,9 @@ fn server_limits(env: &Env, section: ServerSection) -> anyhow::Result<ServerLimi
         max_waits_per_token: section
             .max_waits_per_token
             .unwrap_or(settings.max_waits_per_token),
+        max_sessions_per_account: section
+            .max_sessions_per_account
+            .unwrap_or(settings.max_sessions_per_account),
     };
     HttpConfig {
         header_timeout: limits.header_timeout,
@@ -369,6 +373,7 @@ fn server_limits(env: &Env, section: ServerSection) -> anyhow::Result<ServerLimi
     .map_err(|e| anyhow::anyhow!("[server] {e}"))?;
     Settings {
         max_waits_per_token: limits.max_waits_per_token,
+        max_sessions_per_account: limits.max_sessions_per_account,
         ..settings
     }
     .validate()
@@ -646,7 +651,7 @@ mod tests {
         );
 
         let c = file
-            .resolve("[server]\nheader_timeout_seconds = 5\nbody_timeout_seconds = 60\nmax_connections = 100\ntrusted_proxies = [\"10.0.0.0/8\", \"::1\"]\nmax_waits_per_token = 7\n")
+            .resolve("[server]\nheader_timeout_seconds = 5\nbody_timeout_seconds = 60\nmax_connections = 100\ntrusted_proxies = [\"10.0.0.0/8\", \"::1\"]\nmax_waits_per_token = 7\nmax_sessions_per_account = 3\n")
             .unwrap();
         assert_eq!(c.server.header_timeout, Duration::from_secs(5));
         assert_eq!(c.server.body_timeout, Duration::from_secs(60));
@@ -656,6 +661,7 @@ mod tests {
             TrustedProxies::parse(&["10.0.0.0/8".into(), "::1".into()]).unwrap()
         );
         assert_eq!(c.server.max_waits_per_token, 7);
+        assert_eq!(c.server.max_sessions_per_account, 3);
 
         // The variable wins over the file.
         std::fs::write(&file.path, "[server]\ntrusted_proxies = [\"10.0.0.1\"]\n").unwrap();
@@ -686,6 +692,10 @@ mod tests {
             (
                 "[server]\nmax_waits_per_token = 0\n",
                 "max_waits_per_token must be",
+            ),
+            (
+                "[server]\nmax_sessions_per_account = 0\n",
+                "max_sessions_per_account must be",
             ),
             ("[server]\nheader_timeout = 5\n", "unknown field"),
         ] {
