@@ -470,6 +470,10 @@ impl Audit {
                 }
             }
         }
+        // Most rows agree: compare the values, and render them only when they differ.
+        if *row == implied {
+            return;
+        }
         let (Ok(row_json), Ok(log_json)) =
             (serde_json::to_value(row), serde_json::to_value(&implied))
         else {

@@ -340,7 +340,7 @@ fn audit_interval(
     let seconds = text
         .char_indices()
         .last()
-        .and_then(|(i, u)| Some(text[..i].parse::<u64>().ok()?.checked_mul(unit(u)?)?))
+        .and_then(|(i, u)| text[..i].parse::<u64>().ok()?.checked_mul(unit(u)?))
         .filter(|s| *s > 0);
     match seconds {
         Some(s) => Ok(Some(std::time::Duration::from_secs(s))),
