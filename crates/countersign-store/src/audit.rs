@@ -35,14 +35,15 @@ impl AuditReport {
 
 /// Replays the whole log and compares every row with it.
 pub async fn run(store: &dyn Store) -> Result<AuditReport, StoreError> {
-    run_with(store, &mut |_| {}).await
+    run_with(store, &mut drop).await
 }
 
-/// [`run`], handing each page of entries to `on_entries` as well (in order, once), so
-/// that a caller checking the Merkle tree reads the log only once.
+/// [`run`], handing each page of entries to `on_entries` once replayed (in order, once),
+/// so that a caller checking the Merkle tree reads the log only once (and may do so, and
+/// free the page, on another thread).
 pub async fn run_with(
     store: &dyn Store,
-    on_entries: &mut (dyn FnMut(&[StoredEvent]) + Send),
+    on_entries: &mut (dyn FnMut(Vec<StoredEvent>) + Send),
 ) -> Result<AuditReport, StoreError> {
     let mut audit = Audit::new();
     let mut early = Vec::new();
@@ -74,10 +75,10 @@ pub async fn run_with(
                     },
                 );
             }
-            on_entries(&page);
             for event in &page {
                 audit.push(event.seq, &event.entry, openings.get(&event.seq));
             }
+            on_entries(page);
         };
         let (next, ()) = tokio::join!(read_page(store, last), replay);
         pending = next?;

@@ -156,12 +156,12 @@ async fn verify_log(config: &Config) -> anyhow::Result<ExitCode> {
     let verifier = LogVerifier::new(&notes, &jwks, &origin);
     // The tree is recomputed on a thread of its own from the same pages the audit
     // replays (one pass over the log, two cores).
-    let (pages, received) = std::sync::mpsc::sync_channel::<Vec<Vec<u8>>>(8);
+    let (pages, received) = std::sync::mpsc::sync_channel::<Vec<countersign_store::StoredEvent>>(8);
     let tree = std::thread::spawn(move || {
         let mut verifier = verifier;
         for page in received {
-            for bytes in &page {
-                verifier.push(bytes);
+            for event in &page {
+                verifier.push(&event.bytes);
             }
         }
         verifier.finish()
@@ -169,7 +169,7 @@ async fn verify_log(config: &Config) -> anyhow::Result<ExitCode> {
     let mut problems = Vec::new();
     let mut cursor = 0;
     let audit = countersign_store::audit::run_with(&*store, &mut |page| {
-        for event in page {
+        for event in &page {
             if event.seq != cursor + 1 {
                 problems.push(format!(
                     "event {} follows event {cursor}: the sequence has a gap",
@@ -179,7 +179,7 @@ async fn verify_log(config: &Config) -> anyhow::Result<ExitCode> {
             cursor = event.seq;
         }
         // The thread ends only when `pages` is dropped, so it is there to receive.
-        let _ = pages.send(page.iter().map(|e| e.bytes.clone()).collect());
+        let _ = pages.send(page);
     })
     .await;
     drop(pages);
