@@ -28,6 +28,7 @@
 // is its job.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod audit;
 mod collection;
 mod doc_writes;
 mod docs;
@@ -40,6 +41,7 @@ mod requests;
 mod settings;
 mod tokens;
 
+pub use audit::audit_reads_rows_as_stored_and_holds_them_to_the_log;
 pub use collection::{
     modify_retries_until_every_writer_is_in, typed_docs_round_trip_and_refuse_bad_bodies,
 };
@@ -110,6 +112,7 @@ macro_rules! store_test_suite {
             imports_copy_rows_without_events,
             typed_docs_round_trip_and_refuse_bad_bodies,
             modify_retries_until_every_writer_is_in,
+            audit_reads_rows_as_stored_and_holds_them_to_the_log,
         );
     };
     (@each $factory:expr; $($test:ident),+ $(,)?) => {

@@ -179,25 +179,40 @@ async fn verify_log(config: &Config) -> anyhow::Result<ExitCode> {
     let origin = store.log_origin("").await?;
     let checkpoints = store.checkpoints().await?;
     let notes: Vec<String> = checkpoints.iter().map(|c| c.note.clone()).collect();
-    let mut verifier = LogVerifier::new(&notes, &jwks, &origin);
+    let verifier = LogVerifier::new(&notes, &jwks, &origin);
+    // The tree is recomputed on a thread of its own from the same pages the audit
+    // replays (one pass over the log, two cores).
+    let (pages, received) = std::sync::mpsc::sync_channel::<Vec<countersign_store::StoredEvent>>(8);
+    let tree = std::thread::spawn(move || {
+        let mut verifier = verifier;
+        for page in received {
+            for event in &page {
+                verifier.push(&event.bytes);
+            }
+        }
+        verifier.finish()
+    });
     let mut problems = Vec::new();
     let mut cursor = 0;
-    // One pass over the log: the tree is recomputed from the same pages the audit
-    // replays into the state it implies.
     let audit = countersign_store::audit::run_with(&*store, &mut |page| {
-        for event in page {
+        for event in &page {
             if event.seq != cursor + 1 {
                 problems.push(format!(
                     "event {} follows event {cursor}: the sequence has a gap",
                     event.seq
                 ));
             }
-            verifier.push(&event.bytes);
             cursor = event.seq;
         }
+        // The thread ends only when `pages` is dropped, so it is there to receive.
+        let _ = pages.send(page);
     })
-    .await?;
-    let report = verifier.finish();
+    .await;
+    drop(pages);
+    let report = tree
+        .join()
+        .map_err(|_| anyhow::anyhow!("recomputing the tree failed"))?;
+    let audit = audit?;
     problems.extend(report.problems.iter().cloned());
     // A key only the database knows is no key of this log: name each.
     for kid in countersign_server::keyring::untrusted_candidates(&*store, &keys).await? {

@@ -81,7 +81,7 @@ impl Db {
         }
     }
 
-    fn cast_text(&self, value: &str, json_type: &str) -> String {
+    fn json_value(&self, value: &str, json_type: &str) -> String {
         match self {
             Db::Sqlite(_) => value.to_string(),
             Db::Postgres(_) => format!("({value})::{json_type}"),
@@ -183,7 +183,7 @@ async fn rewritten_rows_are_named(db: Db, data: &Path) {
     assert_ne!(forged, body);
     db.execute(&format!(
         "UPDATE requests SET body = {} WHERE id = {}",
-        db.cast_text(&quote(&forged), "jsonb"),
+        db.json_value(&quote(&forged), "jsonb"),
         quote(target)
     ))
     .await;
@@ -197,7 +197,7 @@ async fn rewritten_rows_are_named(db: Db, data: &Path) {
     assert!(out.stdout.contains("DATABASE DISAGREES"), "{out}");
     db.execute(&format!(
         "UPDATE requests SET body = {} WHERE id = {}",
-        db.cast_text(&quote(&body), "jsonb"),
+        db.json_value(&quote(&body), "jsonb"),
         quote(target)
     ))
     .await;
@@ -241,7 +241,7 @@ async fn rewritten_rows_are_named(db: Db, data: &Path) {
     assert_ne!(promoted, user_body);
     db.execute(&format!(
         "UPDATE documents SET body = {} WHERE kind = 'user'",
-        db.cast_text(&quote(&promoted), "json")
+        db.json_value(&quote(&promoted), "json")
     ))
     .await;
     let out = verify().await;
@@ -254,7 +254,7 @@ async fn rewritten_rows_are_named(db: Db, data: &Path) {
     );
     db.execute(&format!(
         "UPDATE documents SET body = {} WHERE kind = 'user'",
-        db.cast_text(&quote(&user_body), "json")
+        db.json_value(&quote(&user_body), "json")
     ))
     .await;
 
@@ -265,7 +265,7 @@ async fn rewritten_rows_are_named(db: Db, data: &Path) {
              requested_at, expires_at, body)
          SELECT 'req_0000000000000000000000000000dead', version, status, requested_by, NULL,
              requested_at, expires_at, {} FROM requests WHERE id = {}",
-        db.cast_text(&quote(&stray), "jsonb"),
+        db.json_value(&quote(&stray), "jsonb"),
         quote(target)
     ))
     .await;

@@ -41,6 +41,9 @@ pub(crate) struct Tracked {
     stored: HashMap<String, ApprovalRequest>,
     /// (requester, idempotency key) → the request that holds it.
     keys: HashMap<(String, String), String>,
+    /// Requests whose entries were folded in while another was re-read: checked at the
+    /// next restart.
+    retouch: BTreeSet<String>,
 }
 
 impl Tracked {
@@ -66,22 +69,17 @@ pub(crate) async fn events_after(
     }
 }
 
-/// Checks the state the restarted server sees against what was acknowledged, and
-/// refreshes what the load knows (unanswered writes may have landed). Returns the
-/// entries it read (those after the last check; all of them when `full`).
-pub(crate) async fn check_state(
+/// Reads the entries after those folded so far into `tracked.logs`, appends them to
+/// `events`, and returns the requests they are about.
+async fn fold(
     store: &dyn Store,
-    ledger: &Shared,
     tracked: &mut Tracked,
-    full: bool,
-) -> anyhow::Result<(Vec<String>, Vec<StoredEvent>)> {
-    let mut violations = Vec::new();
-    if full {
-        *tracked = Tracked::default();
-    }
-    let events = events_after(store, tracked.seen).await?;
+    events: &mut Vec<StoredEvent>,
+    violations: &mut Vec<String>,
+) -> anyhow::Result<BTreeSet<String>> {
+    let new = events_after(store, tracked.seen).await?;
     let mut touched: BTreeSet<String> = BTreeSet::new();
-    for e in &events {
+    for e in &new {
         if e.seq != tracked.seen + 1 {
             violations.push(format!(
                 "the event sequence has a gap: event {} follows {}",
@@ -115,6 +113,106 @@ pub(crate) async fn check_state(
             _ => {}
         }
     }
+    events.extend(new);
+    Ok(touched)
+}
+
+/// Whether request `id`'s row (`r`, or none stored) agrees with its entries (`log`).
+fn consistency(id: &str, r: Option<&ApprovalRequest>, log: Option<&SubjectLog>) -> Vec<String> {
+    let mut violations = Vec::new();
+    let none = SubjectLog::default();
+    let log = log.unwrap_or(&none);
+    let Some(r) = r else {
+        if log.created > 0 {
+            violations.push(format!(
+                "{id}: log entries for a request that is not stored"
+            ));
+        }
+        return violations;
+    };
+    let decided = &log.decided;
+    let (timed_out, cancelled) = (log.timed_out, log.cancelled);
+    if log.created != 1 {
+        violations.push(format!("{id}: {} request_created entries", log.created));
+    }
+    if decided.len() > 1 {
+        violations.push(format!(
+            "{id}: {} request_decided entries (two decisions)",
+            decided.len()
+        ));
+    }
+    if decided.len() + timed_out + cancelled > 1 {
+        violations.push(format!(
+            "{id}: closed more than once: {} decided, {timed_out} timed out, {cancelled} cancelled",
+            decided.len()
+        ));
+    }
+    let closing_ok = match r.status {
+        Status::Approved | Status::Rejected => decided.len() == 1,
+        Status::TimedOut => timed_out == 1,
+        Status::Cancelled => cancelled == 1,
+        Status::Pending => decided.is_empty() && timed_out == 0 && cancelled == 0,
+    };
+    if !closing_ok {
+        violations.push(format!(
+                "{id}: status {} but the log has {} decided, {timed_out} timed out, {cancelled} cancelled",
+                r.status,
+                decided.len()
+            ));
+    }
+    if let (Some(d), Some((actor, decision))) = (&r.decision, decided.first()) {
+        let first = d.approvers.first().map(|a| a.id.as_str());
+        if actor.as_deref() != first || decision.as_deref() != Some(d.decision.as_str()) {
+            violations.push(format!(
+                "{id}: the state says {} by {first:?}, the log says {decision:?} by {actor:?}",
+                d.decision.as_str(),
+            ));
+        }
+    }
+    let (actions, redemptions) = (log.actions, log.redemptions);
+    if actions != usize::from(r.action_record.is_some()) || actions > 1 {
+        violations.push(format!(
+            "{id}: {actions} action entries, action recorded: {}",
+            r.action_record.is_some()
+        ));
+    }
+    if redemptions != usize::from(r.redemption.is_some()) || redemptions > 1 {
+        violations.push(format!(
+            "{id}: {redemptions} redemption entries, redeemed: {}",
+            r.redemption.is_some()
+        ));
+    }
+    if actions + redemptions > 1 {
+        violations.push(format!(
+            "{id}: the approval was used twice: {actions} actions, {redemptions} redemptions"
+        ));
+    }
+    if log.outcomes != usize::from(r.outcome.is_some()) || log.outcomes > 1 {
+        violations.push(format!(
+            "{id}: {} outcome entries, outcome recorded: {}",
+            log.outcomes,
+            r.outcome.is_some()
+        ));
+    }
+    violations
+}
+
+/// Checks the state the restarted server sees against what was acknowledged, and
+/// refreshes what the load knows (unanswered writes may have landed). Returns the
+/// entries it read (those after the last check; all of them when `full`).
+pub(crate) async fn check_state(
+    store: &dyn Store,
+    ledger: &Shared,
+    tracked: &mut Tracked,
+    full: bool,
+) -> anyhow::Result<(Vec<String>, Vec<StoredEvent>)> {
+    let mut violations = Vec::new();
+    if full {
+        *tracked = Tracked::default();
+    }
+    let mut events = Vec::new();
+    let mut touched = std::mem::take(&mut tracked.retouch);
+    touched.extend(fold(store, tracked, &mut events, &mut violations).await?);
 
     // Read back what changed: every request when full, else those with new entries and
     // those the load knows of but the last read did not find.
@@ -126,14 +224,15 @@ pub(crate) async fn check_state(
             .collect();
         touched.extend(tracked.stored.keys().cloned());
     } else {
-        let l = lock(ledger);
-        touched.extend(
-            l.reqs
-                .keys()
-                .filter(|id| !tracked.stored.contains_key(*id))
-                .cloned(),
-        );
-        drop(l);
+        {
+            let l = lock(ledger);
+            touched.extend(
+                l.reqs
+                    .keys()
+                    .filter(|id| !tracked.stored.contains_key(*id))
+                    .cloned(),
+            );
+        }
         for id in &touched {
             match store.get_request(id).await? {
                 Some(r) => {
@@ -148,14 +247,31 @@ pub(crate) async fn check_state(
 
     // The log agrees with the state: one creation each, at most one way it closed, one
     // use and one outcome at most, each matching the request.
-    let none = SubjectLog::default();
     for id in &touched {
-        let Some(r) = tracked.stored.get(id) else {
-            if tracked.logs.get(id).is_some_and(|l| l.created > 0) {
-                violations.push(format!(
-                    "{id}: log entries for a request that is not stored"
-                ));
+        let mut found = consistency(id, tracked.stored.get(id), tracked.logs.get(id));
+        // The restarted server works on while it is checked (its expiry sweeper times
+        // requests out): a row and its entry committed between the two reads are not a
+        // violation. Read both again until they agree, or for a while.
+        let mut tries = 0;
+        while !found.is_empty() && tries < 10 {
+            tries += 1;
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            let newer = fold(store, tracked, &mut events, &mut violations).await?;
+            tracked
+                .retouch
+                .extend(newer.into_iter().filter(|s| s != id));
+            match store.get_request(id).await? {
+                Some(r) => {
+                    tracked.stored.insert(id.clone(), r);
+                }
+                None => {
+                    tracked.stored.remove(id);
+                }
             }
+            found = consistency(id, tracked.stored.get(id), tracked.logs.get(id));
+        }
+        violations.extend(found);
+        let Some(r) = tracked.stored.get(id) else {
             continue;
         };
         if let Some(key) = &r.idempotency_key {
@@ -167,80 +283,6 @@ pub(crate) async fn check_state(
                 violations.push(format!(
                     "{} key {key}: two requests {holder} and {id}",
                     r.requested_by.id
-                ));
-            }
-        }
-        let log = tracked.logs.get(id).unwrap_or(&none);
-        let decided = &log.decided;
-        let (timed_out, cancelled) = (log.timed_out, log.cancelled);
-        if log.created != 1 {
-            violations.push(format!("{id}: {} request_created entries", log.created));
-        }
-        if decided.len() > 1 {
-            violations.push(format!(
-                "{id}: {} request_decided entries (two decisions)",
-                decided.len()
-            ));
-        }
-        if decided.len() + timed_out + cancelled > 1 {
-            violations.push(format!(
-                "{id}: closed more than once: {} decided, {timed_out} timed out, {cancelled} cancelled",
-                decided.len()
-            ));
-        }
-        let closing_ok = match r.status {
-            Status::Approved | Status::Rejected => decided.len() == 1,
-            Status::TimedOut => timed_out == 1,
-            Status::Cancelled => cancelled == 1,
-            Status::Pending => decided.is_empty() && timed_out == 0 && cancelled == 0,
-        };
-        if !closing_ok {
-            violations.push(format!(
-                "{id}: status {} but the log has {} decided, {timed_out} timed out, {cancelled} cancelled",
-                r.status,
-                decided.len()
-            ));
-        }
-        if let (Some(d), Some((actor, decision))) = (&r.decision, decided.first()) {
-            let first = d.approvers.first().map(|a| a.id.as_str());
-            if actor.as_deref() != first || decision.as_deref() != Some(d.decision.as_str()) {
-                violations.push(format!(
-                    "{id}: the state says {} by {first:?}, the log says {decision:?} by {actor:?}",
-                    d.decision.as_str(),
-                ));
-            }
-        }
-        let (actions, redemptions) = (log.actions, log.redemptions);
-        if actions != usize::from(r.action_record.is_some()) || actions > 1 {
-            violations.push(format!(
-                "{id}: {actions} action entries, action recorded: {}",
-                r.action_record.is_some()
-            ));
-        }
-        if redemptions != usize::from(r.redemption.is_some()) || redemptions > 1 {
-            violations.push(format!(
-                "{id}: {redemptions} redemption entries, redeemed: {}",
-                r.redemption.is_some()
-            ));
-        }
-        if actions + redemptions > 1 {
-            violations.push(format!(
-                "{id}: the approval was used twice: {actions} actions, {redemptions} redemptions"
-            ));
-        }
-        if log.outcomes != usize::from(r.outcome.is_some()) || log.outcomes > 1 {
-            violations.push(format!(
-                "{id}: {} outcome entries, outcome recorded: {}",
-                log.outcomes,
-                r.outcome.is_some()
-            ));
-        }
-    }
-    if full {
-        for (subject, log) in &tracked.logs {
-            if log.created > 0 && !tracked.stored.contains_key(subject) {
-                violations.push(format!(
-                    "{subject}: log entries for a request that is not stored"
                 ));
             }
         }
