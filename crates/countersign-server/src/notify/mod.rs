@@ -573,13 +573,14 @@ mod tests {
             EventKind::OutcomeRecorded,
             EventKind::TokenCreated,
             EventKind::MessagePosted,
+            EventKind::AuditMismatch,
         ]
         .into_iter()
         .filter_map(event_type)
         .collect();
         assert_eq!(
             named, EVENT_TYPES,
-            "the seven request events, in order, and no others"
+            "the seven request events and the audit's mismatch, in order, and no others"
         );
     }
 }
