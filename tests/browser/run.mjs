@@ -310,7 +310,7 @@ test("an admin invites an approver from the Users view and is shown the link to 
   assert.equal(new URL(link).origin, s.server.base, `the link ${link} does not point at this server`);
 });
 
-test("a wrong password shows an error; five failures lock the account and the page says so", async () => {
+test("a wrong password shows an error; five failures lock the account, answered like any refusal", async () => {
   // carol is invited from the terminal and sets her password through the invitation.
   const link = new URL(await s.server.invite(LOCKED.username, "approver"));
   const accepted = await s.server.http("POST", "/ui/accept", {
@@ -339,9 +339,13 @@ test("a wrong password shows an error; five failures lock the account and the pa
     assert.match(text, /wrong username or password/, `attempt ${i}`);
     assert.equal(new URL(page.url()).pathname, "/login");
   }
-  // Now even the right password is refused, and the page says the account is locked.
+  // Now even the right password is refused. The page says what every refusal says
+  // (that accounts lock after five failures), so a guesser cannot tell a locked account
+  // from an unknown one; the session was not opened.
   const text = await attempt(LOCKED.username, LOCKED.password);
-  assert.match(text, /locked/i, `after five failures the page says: ${text}`);
+  const unknown = await attempt("nobody-else", "whatever-password");
+  assert.match(text, /locks for 15 minutes after 5/, `after five failures the page says: ${text}`);
+  assert.equal(text, unknown, "a locked account is answered like an unknown one");
   assert.equal(new URL(page.url()).pathname, "/login");
   assert.equal(await page.locator("#message").getAttribute("role"), "alert");
   await context.close();
