@@ -565,6 +565,7 @@ mod tests {
             EventKind::ActionRecorded,
             EventKind::ProofRedeemed,
             EventKind::OutcomeRecorded,
+            EventKind::AuditMismatch,
             EventKind::TokenCreated,
             EventKind::MessagePosted,
         ]
@@ -573,7 +574,7 @@ mod tests {
         .collect();
         assert_eq!(
             named, EVENT_TYPES,
-            "the seven request events, in order, and no others"
+            "the seven request events and the audit's mismatch, in order, and no others"
         );
     }
 }
