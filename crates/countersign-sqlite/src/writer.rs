@@ -196,8 +196,12 @@ where
         let reply = match (self.result, committed) {
             // The job's own failure says more than the batch's, and it wrote nothing
             // either way.
-            (Some(Err(own)), _) => Err(own),
-            (Some(Ok(_)), Err(batch)) | (None, Err(batch)) => Err(batch),
+            (Some(Err(own)), Ok(())) => Err(own),
+            // But not when the batch did not commit: the job ran against the batch's
+            // earlier writes, which are gone now, so a conflict it saw (and the winner it
+            // names) may never have happened. The batch's error is the truth; a retry
+            // sees the real state.
+            (Some(_), Err(batch)) | (None, Err(batch)) => Err(batch),
             (Some(Ok(value)), Ok(())) => Ok(value),
             (None, Ok(())) => Err(StoreError::Backend(
                 "internal error: a write job was committed without being run".into(),
@@ -455,6 +459,27 @@ mod tests {
             let err = result.as_ref().unwrap_err();
             assert!(err.to_string().contains("commit"), "{err}");
         }
+        assert_eq!(writer.submit(count).await.unwrap(), 0, "nothing committed");
+        // A job that failed on its own in a batch that then did not commit is told the
+        // batch's error, not its own: what it saw (say, another job's write it conflicted
+        // with) is gone, and a conflict naming that write would be a lie.
+        let results = in_one_batch(
+            &writer,
+            vec![
+                Box::new(|conn: &Connection| append(conn)),
+                Box::new(|_: &Connection| -> Result<i64, StoreError> {
+                    Err(StoreError::Backend("this job's own failure".into()))
+                }),
+                Box::new(|conn: &Connection| {
+                    conn.execute_batch("PRAGMA defer_foreign_keys = ON")
+                        .map_err(db_err("defer"))?;
+                    payload_of(conn, 999).map(|_| 0)
+                }),
+            ],
+        )
+        .await;
+        let own = results[1].as_ref().unwrap_err().to_string();
+        assert!(own.contains("commit") && !own.contains("own failure"), "{own}");
         assert_eq!(writer.submit(count).await.unwrap(), 0, "nothing committed");
         // The next batch starts clean.
         assert_eq!(writer.submit(append).await.unwrap(), 1);

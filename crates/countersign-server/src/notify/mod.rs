@@ -571,6 +571,7 @@ mod tests {
             EventKind::ActionRecorded,
             EventKind::ProofRedeemed,
             EventKind::OutcomeRecorded,
+            EventKind::AuditMismatch,
             EventKind::TokenCreated,
             EventKind::MessagePosted,
             EventKind::AuditMismatch,
