@@ -16,8 +16,8 @@
 //! [`scale`]); the servers they start are [`instances`], the calls they make [`client`],
 //! and [`figures`] turns measurements into percentiles.
 
-mod audit;
 mod abuse;
+mod audit;
 mod client;
 mod figures;
 mod instances;

@@ -152,19 +152,7 @@ impl ApprovalRequest {
             nonce,
             policy: None,
         };
-        let statement = Statement::for_decision(self, &decision);
-        let proof = Envelope::sign_statement(&statement, signer);
-        let request = Self {
-            version: self.version + 1,
-            status: verdict.status(),
-            decision: Some(decision.clone()),
-            proof: Some(proof),
-            ..self.clone()
-        };
-        Ok(Transition {
-            event: Event::decided(&request, &decision),
-            request,
-        })
+        Ok(self.signed(decision, signer))
     }
 
     /// A decision made by a rule, signed: `kind` is `Policy` (a policy decided at once)
@@ -211,18 +199,23 @@ impl ApprovalRequest {
             nonce,
             policy: Some(policy),
         };
+        Ok(self.signed(decision, signer))
+    }
+
+    /// The next state of the request, carrying `decision` and its signed proof.
+    fn signed(&self, decision: Decision, signer: &Signer) -> Transition {
         let statement = Statement::for_decision(self, &decision);
         let proof = Envelope::sign_statement(&statement, signer);
         let request = Self {
             version: self.version + 1,
-            status: verdict.status(),
+            status: decision.decision.status(),
             decision: Some(decision.clone()),
             proof: Some(proof),
             ..self.clone()
         };
-        Ok(Transition {
+        Transition {
             event: Event::decided(&request, &decision),
             request,
-        })
+        }
     }
 }

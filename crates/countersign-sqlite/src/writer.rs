@@ -479,7 +479,10 @@ mod tests {
         )
         .await;
         let own = results[1].as_ref().unwrap_err().to_string();
-        assert!(own.contains("commit") && !own.contains("own failure"), "{own}");
+        assert!(
+            own.contains("commit") && !own.contains("own failure"),
+            "{own}"
+        );
         assert_eq!(writer.submit(count).await.unwrap(), 0, "nothing committed");
         // The next batch starts clean.
         assert_eq!(writer.submit(append).await.unwrap(), 1);

@@ -359,17 +359,7 @@ impl Gate {
         let Some(limit) = self.settings.pending_per_agent else {
             return Ok(());
         };
-        let now = self.now();
-        let pending = self
-            .store
-            .list_requests(&RequestQuery {
-                status: Some(Status::Pending),
-                requested_by: Some(who.id.clone()),
-                limit: limit.saturating_add(1),
-            })
-            .await?;
-        let live: Vec<&ApprovalRequest> =
-            pending.iter().filter(|r| !r.is_past_expiry(now)).collect();
+        let live = self.live_pending_of(who, limit.saturating_add(1)).await?;
         let retry = request.idempotency_key.is_some()
             && live
                 .iter()
@@ -415,16 +405,42 @@ impl Gate {
         if let Some(decided) = self.fallback(&request).await? {
             return Ok(decided);
         }
-        let transition = request.time_out(now)?;
+        self.apply_or_winner(request.time_out(now)?).await
+    }
+
+    /// Applies `transition`; when someone else changed the request first (a person, an
+    /// expiry, another instance), returns theirs, which is the truth.
+    pub(crate) async fn apply_or_winner(
+        &self,
+        transition: Transition,
+    ) -> Result<ApprovalRequest, GateError> {
         match self.store.apply(&transition.seal(new_salt()?)).await {
             Ok(()) => {
                 self.feed.poke();
                 Ok(transition.request)
             }
-            // Someone else decided or timed it out first; theirs is the truth.
             Err(StoreError::VersionConflict { current }) => Ok(*current),
             Err(err) => Err(err.into()),
         }
+    }
+
+    /// `who`'s pending requests that have not expired (at most `limit` read).
+    pub(crate) async fn live_pending_of(
+        &self,
+        who: &Principal,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, GateError> {
+        let now = self.now();
+        let mut pending = self
+            .store
+            .list_requests(&RequestQuery {
+                status: Some(Status::Pending),
+                requested_by: Some(who.id.clone()),
+                limit,
+            })
+            .await?;
+        pending.retain(|r| !r.is_past_expiry(now));
+        Ok(pending)
     }
 
     /// One open wait of `who`'s, held until dropped; refused when `who` has

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use countersign_core::{
-    ApprovalRequest, AuthorizationType, Event, EventKind, PolicyHold, PolicyRef, Principal, Status,
+    ApprovalRequest, AuthorizationType, Event, EventKind, PolicyHold, PolicyRef, Principal,
     Transition, Verdict,
 };
 use countersign_policy::{Input, OnTimeout, Outcome, PolicyFile, PolicySet, RESOURCE};
@@ -293,31 +293,14 @@ impl Gate {
         let signer = self.keys.signer();
         let transition =
             request.decide_by_rule(verdict, kind, policy, self.now(), new_nonce()?, &signer)?;
-        match self.store.apply(&transition.seal(new_salt()?)).await {
-            Ok(()) => {
-                self.feed.poke();
-                Ok(transition.request)
-            }
-            // A person (or another instance) got there first; theirs is the truth.
-            Err(StoreError::VersionConflict { current }) => Ok(*current),
-            Err(err) => Err(err.into()),
-        }
+        // A person (or another instance) may have got there first.
+        self.apply_or_winner(transition).await
     }
 
     /// The agent's requests pending now and made in the last hour.
     async fn agent_counts(&self, who: &Principal) -> Result<(u64, u64), GateError> {
         let now = self.now();
-        let pending = self
-            .store
-            .list_requests(&RequestQuery {
-                status: Some(Status::Pending),
-                requested_by: Some(who.id.clone()),
-                limit: MAX_COUNTED,
-            })
-            .await?
-            .iter()
-            .filter(|r| !r.is_past_expiry(now))
-            .count();
+        let pending = self.live_pending_of(who, MAX_COUNTED).await?.len();
         let hour_ago = now.datetime() - chrono::Duration::hours(1);
         let recent = self
             .store

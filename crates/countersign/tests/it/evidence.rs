@@ -50,8 +50,11 @@ fn rezip(files: &[(String, Vec<u8>)]) -> Vec<u8> {
 
 /// RFC 8785 for the plain JSON written here (objects, arrays, strings, small integers):
 /// serde_json's map keeps its keys sorted, so its compact form is canonical.
+/// RFC 8785, as the bundle writer and every verifier use (not `serde_json::to_vec`,
+/// whose key order is not sorted when a dependency turns on `preserve_order`, as Cedar
+/// does).
 fn canonical(value: &Value) -> Vec<u8> {
-    serde_json::to_vec(value).unwrap()
+    serde_json_canonicalizer::to_vec(value).unwrap()
 }
 
 fn sha256_hex(bytes: &[u8]) -> String {
