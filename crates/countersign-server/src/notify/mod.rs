@@ -574,7 +574,6 @@ mod tests {
             EventKind::AuditMismatch,
             EventKind::TokenCreated,
             EventKind::MessagePosted,
-            EventKind::AuditMismatch,
         ]
         .into_iter()
         .filter_map(event_type)
