@@ -133,34 +133,29 @@ pub(super) async fn post_message(
     Ok(Json(message))
 }
 
-#[derive(Debug, Serialize)]
-pub(super) struct MemberList {
-    members: Vec<Member>,
-}
-
+/// A room's members, to whoever the room admits.
 pub(super) async fn members(
     Caller { gate, who, .. }: Caller,
     ApiPath(room): ApiPath<String>,
 ) -> Result<Json<MemberList>, ApiError> {
-    let rooms = gate.rooms();
-    rooms.admitted(&who, &room).await?;
-    Ok(Json(MemberList {
-        members: rooms.members(&room).await?,
-    }))
+    gate.rooms().admitted(&who, &room).await?;
+    let members = gate.rooms().members(&room).await?;
+    Ok(Json(MemberList { members }))
 }
-
-input!(AccessBody { allowed: Vec<String> });
 
 /// Restricts a room to named principals and groups (an empty list opens it): its
 /// creator or an admin.
 pub(super) async fn restrict(
     Caller { gate, who, .. }: Caller,
     ApiPath(room): ApiPath<String>,
-    ApiJson(body): ApiJson<AccessBody>,
+    ApiJson(AccessBody { allowed }): ApiJson<AccessBody>,
 ) -> Result<Json<RoomView>, ApiError> {
-    let room = gate.rooms().restrict(&who, &room, &body.allowed).await?;
-    Ok(Json(RoomView::new(&room)))
+    Ok(Json(RoomView::new(
+        &gate.rooms().restrict(&who, &room, &allowed).await?,
+    )))
 }
+
+input!(AccessBody { allowed: Vec<String> });
 
 input!(AnswerBody { text: String });
 input!(ResolveBody { reply: String });
@@ -238,4 +233,10 @@ pub(super) async fn admin(
         room: RoomView::new(&room),
         backup,
     }))
+}
+
+/// What `GET /rooms/{room}/members` answers.
+#[derive(Debug, Serialize)]
+pub(super) struct MemberList {
+    members: Vec<Member>,
 }
