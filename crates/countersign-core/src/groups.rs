@@ -78,6 +78,15 @@ impl Groups {
             .is_some_and(|m| m.contains(principal))
     }
 
+    /// The groups `principal` (an id) is in, in order.
+    pub fn of(&self, principal: &str) -> Vec<String> {
+        self.groups
+            .iter()
+            .filter(|(_, members)| members.contains(principal))
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
     /// The group names, in order.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.groups.keys().map(String::as_str)

@@ -176,13 +176,7 @@ impl Gate {
             (0, 0)
         };
         let agent = who.id.split_once(':').map_or(who.id.as_str(), |(_, n)| n);
-        let groups: Vec<String> = self
-            .settings
-            .groups
-            .names()
-            .filter(|g| self.settings.groups.contains(g, &who.id))
-            .map(str::to_string)
-            .collect();
+        let groups = self.settings.groups.of(&who.id);
         let zone = self
             .settings
             .policy

@@ -112,16 +112,10 @@ pub async fn run(config: &Config, command: PolicyCommand) -> anyhow::Result<Exit
                     .datetime(),
                 None => chrono::Utc::now(),
             };
-            let groups = req.groups.clone().unwrap_or_else(|| {
-                let id = format!("token:{}", req.agent);
-                config
-                    .guards
-                    .groups
-                    .names()
-                    .filter(|g| config.guards.groups.contains(g, &id))
-                    .map(str::to_string)
-                    .collect()
-            });
+            let groups = req
+                .groups
+                .clone()
+                .unwrap_or_else(|| config.guards.groups.of(&format!("token:{}", req.agent)));
             let tool = req
                 .tool
                 .as_deref()
