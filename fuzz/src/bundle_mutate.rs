@@ -189,7 +189,9 @@ pub fn run(data: &[u8]) {
     let pinned = signer_jwks();
     let report = bundle::verify(&zip, input.pinned.then_some(&pinned));
     crate::bundle_verify::check(&report);
-    if input.edits.is_empty() {
+    // Untouched means byte for byte: a "fixed" manifest is rewritten, and then no longer
+    // matches manifest.sig even when no edit changed anything it lists.
+    if files == base.files {
         assert!(report.valid, "the untouched bundle no longer verifies: {report:?}");
     }
     if report.valid {
