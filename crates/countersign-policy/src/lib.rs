@@ -14,6 +14,7 @@
 
 mod error;
 mod eval;
+mod index;
 mod requirements;
 mod schema;
 mod set;

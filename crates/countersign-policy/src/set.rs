@@ -8,6 +8,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::PolicyError;
+use crate::index::{Indexed, guard_of};
 use crate::requirements::Requirements;
 use crate::schema;
 
@@ -41,10 +42,11 @@ pub struct PolicySet {
     schema_text: String,
     pub(crate) info: HashMap<String, PolicyInfo>,
     /// Per action name: the policies that may apply to it (those that name it and those
-    /// that name no action). Evaluating only these keeps a large set fast.
-    pub(crate) by_action: HashMap<String, cedar_policy::PolicySet>,
+    /// that name no action), indexed by their guards (`index.rs`). Evaluating only these
+    /// keeps a large set fast.
+    pub(crate) by_action: HashMap<String, Indexed>,
     /// The policies that name no action: all that may apply to an action no policy names.
-    pub(crate) any_action: cedar_policy::PolicySet,
+    pub(crate) any_action: Indexed,
     /// Whether a policy reads `context.agent` (the caller then counts the agent's
     /// requests; otherwise it need not).
     reads_agent: bool,
@@ -59,7 +61,7 @@ impl PolicySet {
             schema_text: schema::base_schema(),
             info: HashMap::new(),
             by_action: HashMap::new(),
-            any_action: cedar_policy::PolicySet::new(),
+            any_action: Indexed::default(),
             reads_agent: false,
         }
     }
@@ -132,6 +134,7 @@ impl PolicySet {
         let mut actions = BTreeSet::from([crate::DEFAULT_ACTION.to_string()]);
         let mut keys = BTreeSet::new();
         let mut reads_agent = false;
+        let mut guards = Vec::with_capacity(policies.len());
         for policy in &policies {
             for uid in action_names(&policy.action_constraint()) {
                 actions.insert(uid);
@@ -141,33 +144,33 @@ impl PolicySet {
                 .map_err(|e| PolicyError::Schema(e.to_string()))?;
             detail_keys(&est, &mut keys);
             reads_agent |= reads_context(&est, "agent");
+            guards.push(guard_of(&est));
         }
         let schema_text = schema::generate(&actions, &keys);
         let (schema, _) = cedar_policy::Schema::from_cedarschema_str(&schema_text)
             .map_err(|e| PolicyError::Schema(one_line(&e.to_string())))?;
 
         let mut all = cedar_policy::PolicySet::new();
-        let mut any_action = cedar_policy::PolicySet::new();
-        let mut by_action: HashMap<String, cedar_policy::PolicySet> = HashMap::new();
+        let mut any_action = Indexed::default();
+        let mut by_action: HashMap<String, Indexed> = HashMap::new();
         for action in &actions {
-            by_action.insert(action.clone(), cedar_policy::PolicySet::new());
+            by_action.insert(action.clone(), Indexed::default());
         }
-        let add = |set: &mut cedar_policy::PolicySet, p: &cedar_policy::Policy| {
-            set.add(p.clone())
-                .map_err(|e| PolicyError::Validation(one_line(&e.to_string())))
-        };
-        for policy in &policies {
-            add(&mut all, policy)?;
+        let invalid = |e: String| PolicyError::Validation(one_line(&e));
+        for (policy, guard) in policies.iter().zip(&guards) {
+            all.add(policy.clone())
+                .map_err(|e| invalid(e.to_string()))?;
+            let guard = guard.as_ref();
             let named = action_names(&policy.action_constraint());
             if matches!(policy.action_constraint(), ActionConstraint::Any) {
-                add(&mut any_action, policy)?;
+                any_action.add(policy, guard).map_err(invalid)?;
                 for set in by_action.values_mut() {
-                    add(set, policy)?;
+                    set.add(policy, guard).map_err(invalid)?;
                 }
             } else {
                 for action in named {
                     if let Some(set) = by_action.get_mut(&action) {
-                        add(set, policy)?;
+                        set.add(policy, guard).map_err(invalid)?;
                     }
                 }
             }

@@ -1,0 +1,260 @@
+//! An index that lets a large set skip the policies that cannot match a request,
+//! without changing any answer.
+//!
+//! Cedar evaluates every policy of the set it is given. A policy that names no action
+//! (`forbid(principal, action, resource) when { context.room == "payments" }`) is in
+//! the set of every request, so a thousand of those made every evaluation walk a
+//! thousand conditions. Many policies start with a test for one value:
+//! `context.room == "payments"`, `context.input.env == "production"`. Such a policy
+//! cannot match a request whose value there is another one, and skipping it is exact
+//! when nothing evaluated before that test can fail (Cedar's `&&` stops at the first
+//! `false`, so an error after it is never reached).
+//!
+//! A policy has a [`Guard`] when its first condition is a `when` whose conjuncts (as
+//! written, left to right) are, up to the guard, only `has` tests on the context's
+//! records, which cannot fail, and the guard is `<context path> == <literal>` (or the
+//! literal first). The scope (principal, action, resource) cannot fail either. Anything
+//! else is evaluated as always.
+
+use std::collections::HashMap;
+
+use serde_json::Value;
+
+/// A literal a guard compares with, as the request's context holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) enum Literal {
+    Str(String),
+    Long(i64),
+    Bool(bool),
+}
+
+impl Literal {
+    pub fn expression(self) -> cedar_policy::RestrictedExpression {
+        match self {
+            Literal::Str(s) => cedar_policy::RestrictedExpression::new_string(s),
+            Literal::Long(n) => cedar_policy::RestrictedExpression::new_long(n),
+            Literal::Bool(b) => cedar_policy::RestrictedExpression::new_bool(b),
+        }
+    }
+}
+
+/// `context.<path> == <literal>`, which the policy needs to be true.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub(crate) struct Guard {
+    pub path: Vec<String>,
+    pub literal: Literal,
+}
+
+/// The context's records that every request has, so `context.<record> has <key>` cannot
+/// fail (`context.room` is optional: `context.room has x` could).
+const RECORDS: [&str; 5] = ["input", "number", "decimal", "time", "agent"];
+
+/// The guard of a policy, from its JSON form (Cedar's EST), if it has one.
+pub(crate) fn guard_of(est: &Value) -> Option<Guard> {
+    let first = est.get("conditions")?.as_array()?.first()?;
+    if first.get("kind")?.as_str()? != "when" {
+        return None;
+    }
+    let mut conjuncts = Vec::new();
+    flatten_and(first.get("body")?, &mut conjuncts);
+    for conjunct in conjuncts {
+        if let Some(guard) = equality(conjunct) {
+            return Some(guard);
+        }
+        if !cannot_fail(conjunct) {
+            return None;
+        }
+    }
+    None
+}
+
+/// `a && b && c`, parsed as `(a && b) && c`, in the order Cedar evaluates them.
+fn flatten_and<'a>(expr: &'a Value, out: &mut Vec<&'a Value>) {
+    match expr.get("&&") {
+        Some(and) => match (and.get("left"), and.get("right")) {
+            (Some(left), Some(right)) => {
+                flatten_and(left, out);
+                flatten_and(right, out);
+            }
+            _ => out.push(expr),
+        },
+        None => out.push(expr),
+    }
+}
+
+/// `context has k` or `context.<record> has k`.
+fn cannot_fail(expr: &Value) -> bool {
+    let Some(has) = expr.get("has") else {
+        return false;
+    };
+    match path_of(has.get("left")) {
+        Some(path) => path.is_empty() || (path.len() == 1 && RECORDS.contains(&path[0].as_str())),
+        None => false,
+    }
+}
+
+/// `context.<path> == <literal>` or `<literal> == context.<path>`.
+fn equality(expr: &Value) -> Option<Guard> {
+    let eq = expr.get("==")?;
+    let (left, right) = (eq.get("left")?, eq.get("right")?);
+    let (path, literal) = match (path_of(Some(left)), literal_of(right)) {
+        (Some(path), Some(literal)) => (path, literal),
+        _ => (path_of(Some(right))?, literal_of(left)?),
+    };
+    (!path.is_empty()).then_some(Guard { path, literal })
+}
+
+/// The attribute path of `context.a.b` (empty for `context` itself).
+fn path_of(expr: Option<&Value>) -> Option<Vec<String>> {
+    let expr = expr?;
+    if expr.get("Var").and_then(Value::as_str) == Some("context") {
+        return Some(Vec::new());
+    }
+    let access = expr.get(".")?;
+    let mut path = path_of(access.get("left"))?;
+    path.push(access.get("attr")?.as_str()?.to_string());
+    Some(path)
+}
+
+fn literal_of(expr: &Value) -> Option<Literal> {
+    match expr.get("Value")? {
+        Value::String(s) => Some(Literal::Str(s.clone())),
+        Value::Bool(b) => Some(Literal::Bool(*b)),
+        Value::Number(n) => n.as_i64().map(Literal::Long),
+        _ => None,
+    }
+}
+
+/// A set split by guards: the policies evaluated for every request, and per guarded
+/// path, the policies for each literal.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Indexed {
+    pub always: cedar_policy::PolicySet,
+    pub guarded: Vec<GuardedPath>,
+    /// Every policy, unindexed (what the tests hold the index to).
+    pub everything: cedar_policy::PolicySet,
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct GuardedPath {
+    pub path: Vec<String>,
+    pub by_literal: HashMap<Literal, cedar_policy::PolicySet>,
+    /// All of them: for a request that has no value at the path (Cedar then fails or
+    /// skips them as it would without the index).
+    pub all: cedar_policy::PolicySet,
+}
+
+impl Indexed {
+    pub fn is_empty(&self) -> bool {
+        self.always.is_empty() && self.guarded.is_empty()
+    }
+
+    /// Adds a policy, under its guard if it has one.
+    pub fn add(
+        &mut self,
+        policy: &cedar_policy::Policy,
+        guard: Option<&Guard>,
+    ) -> Result<(), String> {
+        let failed = |e: cedar_policy::PolicySetError| e.to_string();
+        self.everything.add(policy.clone()).map_err(failed)?;
+        let Some(guard) = guard else {
+            return self.always.add(policy.clone()).map_err(failed);
+        };
+        let at = match self.guarded.iter().position(|g| g.path == guard.path) {
+            Some(at) => at,
+            None => {
+                self.guarded.push(GuardedPath {
+                    path: guard.path.clone(),
+                    by_literal: HashMap::new(),
+                    all: cedar_policy::PolicySet::new(),
+                });
+                self.guarded.len() - 1
+            }
+        };
+        let path = &mut self.guarded[at];
+        path.all.add(policy.clone()).map_err(failed)?;
+        path.by_literal
+            .entry(guard.literal.clone())
+            .or_default()
+            .add(policy.clone())
+            .map_err(failed)
+    }
+
+    /// The sets to evaluate for a request whose context value at a path is `value_at`.
+    pub fn sets_for(
+        &self,
+        value_at: impl Fn(&[String]) -> Option<Literal>,
+    ) -> impl Iterator<Item = &cedar_policy::PolicySet> {
+        let guarded = self
+            .guarded
+            .iter()
+            .filter_map(move |g| match value_at(&g.path) {
+                Some(value) => g.by_literal.get(&value),
+                None => Some(&g.all),
+            });
+        std::iter::once(&self.always)
+            .chain(guarded)
+            .filter(|set| !set.is_empty())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn guard(text: &str) -> Option<Guard> {
+        let policy: cedar_policy::Policy = text.parse().unwrap();
+        guard_of(&policy.to_json().unwrap())
+    }
+
+    fn on(path: &[&str], literal: Literal) -> Option<Guard> {
+        Some(Guard {
+            path: path.iter().map(|s| s.to_string()).collect(),
+            literal,
+        })
+    }
+
+    #[test]
+    fn a_first_equality_after_has_tests_is_a_guard() {
+        assert_eq!(
+            guard(
+                r#"forbid(principal, action, resource) when { context has room && context.room == "payments" };"#
+            ),
+            on(&["room"], Literal::Str("payments".into()))
+        );
+        assert_eq!(
+            guard(
+                r#"permit(principal, action, resource) when { context.input has env && "prod" == context.input.env && context.number.count > 3 };"#
+            ),
+            on(&["input", "env"], Literal::Str("prod".into()))
+        );
+        assert_eq!(
+            guard(r#"permit(principal, action, resource) when { context.gateway == true };"#),
+            on(&["gateway"], Literal::Bool(true))
+        );
+        assert_eq!(
+            guard(r#"permit(principal, action, resource) when { context.time.hour == 3 };"#),
+            on(&["time", "hour"], Literal::Long(3))
+        );
+    }
+
+    #[test]
+    fn anything_that_could_fail_first_or_is_not_a_plain_equality_is_no_guard() {
+        for text in [
+            // A comparison before the equality could fail (a missing key).
+            r#"forbid(principal, action, resource) when { context.number.count > 3 && context.room == "a" };"#,
+            // `context.room has x` fails when there is no room.
+            r#"forbid(principal, action, resource) when { context.room has x && context.input.env == "a" };"#,
+            // An `unless` first, a disjunction, no condition, an inequality.
+            r#"forbid(principal, action, resource) unless { context.room == "a" };"#,
+            r#"forbid(principal, action, resource) when { context.room == "a" || context.room == "b" };"#,
+            r#"forbid(principal, action, resource);"#,
+            r#"forbid(principal, action, resource) when { context.room != "a" };"#,
+            // Not the context, or two paths.
+            r#"forbid(principal, action, resource) when { principal.name == "a" };"#,
+            r#"forbid(principal, action, resource) when { context.input.a == context.input.b };"#,
+        ] {
+            assert_eq!(guard(text), None, "{text}");
+        }
+    }
+}
