@@ -3,7 +3,7 @@
 //! every state change). Either way the handler gets a [`Caller`] with a `Principal`, so
 //! one handler serves both surfaces. Roles are types: a handler that takes an
 //! [`Approver`] cannot run for an agent credential, one that takes an [`Admin`] only for
-//! an admin. And every route names the scope it needs ([`require_scope`], in the route
+//! an admin. And every route names the scope it needs ([`RequireScope`], in the route
 //! tables): a token narrowed to some scopes, or an executor's, reaches nothing else. A
 //! token caller on a route that names no scope is refused, so a route cannot be added
 //! that every token reaches by omission.
@@ -20,6 +20,7 @@ use http::{HeaderMap, HeaderValue, Method, header};
 use subtle::ConstantTimeEq;
 
 use super::AppState;
+use super::check::Check;
 use super::error::ApiError;
 use crate::error::GateError;
 use crate::gate::Gate;
@@ -115,28 +116,36 @@ pub async fn require_session(
     next.run(req).await
 }
 
-/// Set on a request once [`require_scope`] let it through.
+/// Set on a request once [`RequireScope`] let it through.
 #[derive(Clone, Copy)]
 struct ScopeChecked;
 
 /// Refuses (403) a caller whose credential lacks `scope`; the route tables put it on
 /// every route.
-pub async fn require_scope(State(scope): State<Scope>, mut req: Request, next: Next) -> Response {
-    let Some(auth) = req.extensions().get::<Authenticated>() else {
-        return unauthorized(GateError::Unauthenticated(
-            "this route needs a bearer token or a dashboard session".into(),
-        ));
-    };
-    let who = &auth.principal;
-    if !who.may(scope) {
-        return ApiError(GateError::Forbidden(format!(
-            "{} ({} token, scopes {}) may not do this: it needs the {scope} scope",
-            who.id, who.role, who.scopes
-        )))
-        .into_response();
+#[derive(Clone)]
+pub struct RequireScope(pub Scope);
+
+impl Check for RequireScope {
+    fn refusal(&self, req: &mut Request) -> Option<Response> {
+        let scope = self.0;
+        let Some(auth) = req.extensions().get::<Authenticated>() else {
+            return Some(unauthorized(GateError::Unauthenticated(
+                "this route needs a bearer token or a dashboard session".into(),
+            )));
+        };
+        let who = &auth.principal;
+        if !who.may(scope) {
+            return Some(
+                ApiError(GateError::Forbidden(format!(
+                    "{} ({} token, scopes {}) may not do this: it needs the {scope} scope",
+                    who.id, who.role, who.scopes
+                )))
+                .into_response(),
+            );
+        }
+        req.extensions_mut().insert(ScopeChecked);
+        None
     }
-    req.extensions_mut().insert(ScopeChecked);
-    next.run(req).await
 }
 
 pub(super) fn bearer_token(headers: &HeaderMap) -> Result<&str, String> {

@@ -2,12 +2,13 @@
 //! allowed host (an `Origin` also on an allowed port) get 403 before anything else runs. The MCP transport spec requires this
 //! of local servers; countersign applies it to every route.
 
-use axum::extract::{Request, State};
-use axum::middleware::Next;
+use std::sync::Arc;
+
+use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use http::{StatusCode, header};
 
-use super::AppState;
+use super::check::Check;
 
 /// Allowed hosts: `name` allows that host on any port, `name:port` only that port, and
 /// `*` allows any host (for deployments that check Host in front of countersign).
@@ -97,38 +98,41 @@ fn split_authority(authority: &str) -> (String, Option<u16>) {
     }
 }
 
-pub async fn check_host_and_origin(
-    State(state): State<AppState>,
-    req: Request,
-    next: Next,
-) -> Response {
-    let policy = &state.hosts;
-    let host = req
-        .headers()
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| req.uri().authority().map(|a| a.as_str()));
-    let host = match host {
-        Some(host) if policy.allows(host) => host,
-        Some(host) => {
-            return refuse(&format!(
-                "host {host:?} is not allowed; add it to allowed_hosts in the config if this is a real hostname for this server"
-            ));
+/// Refuses (403 `forbidden_host`) a request whose Host, or Origin when it has one, is
+/// not allowed; layered over every route (`http/check.rs`).
+#[derive(Clone)]
+pub struct HostAndOrigin(pub Arc<HostPolicy>);
+
+impl Check for HostAndOrigin {
+    fn refusal(&self, req: &mut Request) -> Option<Response> {
+        let policy = &self.0;
+        let host = req
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| req.uri().authority().map(|a| a.as_str()));
+        let host = match host {
+            Some(host) if policy.allows(host) => host,
+            Some(host) => {
+                return Some(refuse(&format!(
+                    "host {host:?} is not allowed; add it to allowed_hosts in the config if this is a real hostname for this server"
+                )));
+            }
+            None => return Some(refuse("the request has no Host header")),
+        };
+        if let Some(origin) = req.headers().get(header::ORIGIN) {
+            let allowed = origin
+                .to_str()
+                .ok()
+                .is_some_and(|origin| policy.allows_origin(origin, host));
+            if !allowed {
+                return Some(refuse(&format!(
+                    "origin {origin:?} is not allowed (cross-site requests are refused)"
+                )));
+            }
         }
-        None => return refuse("the request has no Host header"),
-    };
-    if let Some(origin) = req.headers().get(header::ORIGIN) {
-        let allowed = origin
-            .to_str()
-            .ok()
-            .is_some_and(|origin| policy.allows_origin(origin, host));
-        if !allowed {
-            return refuse(&format!(
-                "origin {origin:?} is not allowed (cross-site requests are refused)"
-            ));
-        }
+        None
     }
-    next.run(req).await
 }
 
 fn refuse(message: &str) -> Response {

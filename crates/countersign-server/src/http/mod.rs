@@ -17,6 +17,7 @@ macro_rules! input {
 }
 
 pub mod auth;
+mod check;
 pub mod client;
 mod email_links;
 pub mod error;
@@ -35,6 +36,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use check::CheckLayer;
 use countersign_core::Scope;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -208,17 +210,14 @@ pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken)
         .merge(dashboard)
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
-        .layer(from_fn_with_state(
-            state.clone(),
-            guard::check_host_and_origin,
-        ))
+        .layer(CheckLayer(guard::HostAndOrigin(state.hosts.clone())))
         .with_state(state)
 }
 
 /// Routes that need `scope`: a caller whose credential lacks it gets 403 before the
 /// handler runs. Every route under `/api/v1` and `/ui/api` is in one such group.
 fn scoped(scope: Scope, routes: Router<AppState>) -> Router<AppState> {
-    routes.route_layer(from_fn_with_state(scope, auth::require_scope))
+    routes.route_layer(CheckLayer(auth::RequireScope(scope)))
 }
 
 /// The routes both surfaces serve, with one handler each: a request and its decision,

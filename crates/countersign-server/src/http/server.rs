@@ -202,12 +202,15 @@ async fn serve_connection(
         Protocol::Http2 => {
             let mut builder = hyper::server::conn::http2::Builder::new(TokioExecutor::new());
             builder.timer(TokioTimer::new());
-            drive(
+            // Boxed, each protocol's connection on its own: the task then holds a
+            // pointer, not room for the larger of the two (an HTTP/2 connection's state
+            // is several KiB, and nearly every connection is HTTP/1).
+            Box::pin(drive(
                 builder.serve_connection(io, service),
                 &open,
                 idle,
                 &shutdown,
-            )
+            ))
             .await
         }
         Protocol::Http1 => {
@@ -216,12 +219,12 @@ async fn serve_connection(
             builder
                 .timer(TokioTimer::new())
                 .header_read_timeout(limits.header_timeout);
-            drive(
+            Box::pin(drive(
                 builder.serve_connection(io, service),
                 &open,
                 idle,
                 &shutdown,
-            )
+            ))
             .await
         }
     };
