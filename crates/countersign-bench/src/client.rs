@@ -74,16 +74,21 @@ impl Api {
 
     pub(crate) async fn create(&self, base: &str) -> anyhow::Result<String> {
         let body = json!({"action_description": "bench", "action_details": {"n": "1"}});
-        let url = format!("{base}/api/v1/requests");
-        let body: Value = self
-            .post(url, &self.agent, &body, "create")
-            .await?
-            .json()
-            .await?;
+        let body = self.create_with(base, &body).await?;
         body["request_id"]
             .as_str()
             .map(str::to_string)
             .context("no request_id")
+    }
+
+    /// Creates a request from `body`; the server's answer.
+    pub(crate) async fn create_with(&self, base: &str, body: &Value) -> anyhow::Result<Value> {
+        let url = format!("{base}/api/v1/requests");
+        Ok(self
+            .post(url, &self.agent, body, "create")
+            .await?
+            .json()
+            .await?)
     }
 
     pub(crate) async fn approve(&self, base: &str, id: &str) -> anyhow::Result<()> {

@@ -57,6 +57,8 @@ pub(crate) struct Setup {
     backend_env: Vec<(&'static str, String)>,
     /// A `countersign.toml` every instance starts with (none when empty).
     config: String,
+    /// Files written beside it (name, text), such as the policy files it names.
+    files: Vec<(String, String)>,
     pub(crate) agent: String,
     pub(crate) approver: String,
 }
@@ -82,6 +84,17 @@ impl Setup {
         count: usize,
         config: &str,
     ) -> anyhow::Result<Setup> {
+        Self::start_with_files(bin, backend, count, config, &[]).await
+    }
+
+    /// Like [`Setup::start_configured`], with `files` (name, text) beside the config.
+    pub(crate) async fn start_with_files(
+        bin: &Path,
+        backend: Backend<'_>,
+        count: usize,
+        config: &str,
+        files: &[(&str, &str)],
+    ) -> anyhow::Result<Setup> {
         let dir = tempfile::tempdir()?;
         let backend_env = match backend {
             Backend::Sqlite => Vec::new(),
@@ -98,6 +111,10 @@ impl Setup {
             dir,
             backend_env,
             config: config.to_string(),
+            files: files
+                .iter()
+                .map(|(name, text)| (name.to_string(), text.to_string()))
+                .collect(),
             agent: String::new(),
             approver: String::new(),
         };
@@ -158,6 +175,9 @@ impl Setup {
             std::fs::create_dir_all(&dir)?;
             std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))?;
             std::fs::write(dir.join("countersign.toml"), &self.config)?;
+            for (name, text) in &self.files {
+                std::fs::write(dir.join(name), text)?;
+            }
         }
         let mut child = self
             .command(bin, i)

@@ -55,7 +55,8 @@ enum Bench {
     },
     /// Throughput of full cycles: each client creates a request, waits for it (REST long
     /// poll), has it approved, sees the decision and records the action; then the same
-    /// clients only create requests. One instance on SQLite, and with --database two
+    /// clients only create requests, then create requests a Cedar policy approves at once
+    /// (end-to-end policy decisions). One instance on SQLite, and with --database two
     /// instances on PostgreSQL, each cycle waiting on one instance and deciding on the
     /// other.
     Throughput {

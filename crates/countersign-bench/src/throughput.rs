@@ -112,7 +112,18 @@ enum Op {
     Decision,
     /// Create only.
     Create,
+    /// Create a request a policy approves at once (signed proof, log append, durable).
+    Policy,
 }
+
+/// The instances' policy: `bench_refund` under 100 is approved by rule. The other
+/// phases' requests name no tool, so no policy applies to them and a person decides.
+const POLICY: &str = r#"@id("bench-small-refunds")
+@reason("refunds under 100 need no person")
+permit(principal, action == Action::"bench_refund", resource)
+when { context.decimal has amount && context.decimal.amount.lessThan(decimal("100.0")) };
+"#;
+const POLICY_CONFIG: &str = "[policy]\nfiles = [\"bench.cedar\"]\n";
 
 impl Op {
     /// Runs once; `turn` (client + iteration) picks the instances.
@@ -139,6 +150,17 @@ impl Op {
             }
             Op::Create => {
                 api.create(here).await?;
+                Ok(())
+            }
+            Op::Policy => {
+                let body = json!({
+                    "action_description": "refund order 1234",
+                    "action_details": {"tool": "bench_refund", "amount": "12.50"},
+                });
+                let created = api.create_with(here, &body).await?;
+                if created["status"] != "approved" {
+                    bail!("a request the policy approves came back {created}");
+                }
                 Ok(())
             }
         }
@@ -176,6 +198,7 @@ struct Row {
     cycles: Phase,
     decisions: Phase,
     creates: Phase,
+    policy: Phase,
 }
 
 async fn measure(
@@ -186,7 +209,14 @@ async fn measure(
     clients: usize,
     seconds: u64,
 ) -> anyhow::Result<Row> {
-    let setup = Setup::start(bin, backend, instances).await?;
+    let setup = Setup::start_with_files(
+        bin,
+        backend,
+        instances,
+        POLICY_CONFIG,
+        &[("bench.cedar", POLICY)],
+    )
+    .await?;
     let phases = Phases {
         name,
         clients,
@@ -204,6 +234,9 @@ async fn measure(
         .run("decisions (create, approve)", Op::Decision)
         .await?;
     let creates = phases.run("creations", Op::Create).await?;
+    let policy = phases
+        .run("policy decisions (create, approved by rule)", Op::Policy)
+        .await?;
     drop(setup);
     Ok(Row {
         backend: name,
@@ -211,6 +244,7 @@ async fn measure(
         cycles,
         decisions,
         creates,
+        policy,
     })
 }
 
@@ -249,7 +283,7 @@ pub(crate) async fn throughput(bin: &Path, plan: &Plan<'_>) -> anyhow::Result<()
         "throughput, {clients} clients, {seconds} s per phase; load average {load_before:.2} before, {load_after:.2} after"
     );
     println!(
-        "  cycle: create, wait (REST long poll), approve, woken, record_action; decision: create, approve (signed proof, log append, durable); create: create only"
+        "  cycle: create, wait (REST long poll), approve, woken, record_action; decision: create, approve (signed proof, log append, durable); create: create only; policy: create, approved by a Cedar policy (signed proof, log append, durable)"
     );
     println!(
         "{:<10} {:>4} {:<9} {:>9} {:>9} {:>9} {:>12} {:>12}",
@@ -262,6 +296,7 @@ pub(crate) async fn throughput(bin: &Path, plan: &Plan<'_>) -> anyhow::Result<()
             ("cycle", &row.cycles),
             ("decision", &row.decisions),
             ("create", &row.creates),
+            ("policy", &row.policy),
         ] {
             println!(
                 "{:<10} {:>4} {:<9} {:>9.0} {:>9.2} {:>9.2} {:>12.0} {:>12.0}",
