@@ -580,3 +580,108 @@ if __name__ == "__main__":
     import run_all
 
     raise SystemExit(run_all.main())
+
+
+# --- policies (docs/policies.md) --------------------------------------------------------
+
+POLICY_FILE = "py.cedar"
+POLICIES = """@id("py-small-refunds")
+@reason("refunds under 50 need no person")
+permit(principal, action == Action::"py_refund", resource)
+when { context.decimal has amount && context.decimal.amount.lessThan(decimal("50.0")) };
+
+@id("py-no-drops")
+@reason("nobody drops a table through an agent")
+forbid(principal, action == Action::"py_drop_table", resource);
+
+@id("py-quick-deploys")
+@timeout_hours("0.0005")
+@on_timeout("approve")
+permit(principal, action == Action::"py_deploy", resource);
+"""
+
+
+def policy_set_digest() -> str:
+    """The policy set's name as docs/policies.md defines it, computed here: sha256 of the
+    RFC 8785 form of [{"name", "text"}] in the config's order."""
+    import hashlib
+
+    import rfc8785
+
+    canonical = rfc8785.dumps([{"name": POLICY_FILE, "text": POLICIES}])
+    return "sha256:" + hashlib.sha256(canonical).hexdigest()
+
+
+def test_policy_proofs(ctx: Context, results: Results) -> None:
+    """Policies decide three requests made with the official client: a rule approves one
+    and refuses one at once, and a timeout becomes the approval the policy names. Each
+    proof is checked by verify_proof, which shares nothing with countersign, and names
+    the policy and the exact policy set (its digest recomputed here)."""
+    label = "policies"
+    expected_set = policy_set_digest()
+
+    async def request(client: mcp.Client, tool: str, details: dict[str, str]) -> tuple[dict[str, Any], dict[str, Any]]:
+        action = {"description": f"{tool} for {label}", "details": {"tool": tool, **details}}
+        created = structured(
+            await client.call_tool(
+                "request_approval",
+                {"action_description": action["description"], "action_details": action["details"], "timeout_seconds": 600},
+            ),
+            f"{label}: request_approval {tool}",
+        )
+        return action, created
+
+    def check_proof(view: dict[str, Any], action: dict[str, Any], decision: str, kind: str, policy: str, jwks: dict[str, Any]) -> None:
+        proof = view.get("proof")
+        check(isinstance(proof, dict), f"{label}: {policy}: the {decision} request has no proof: {view}")
+        statement = verify_proof.verify(
+            proof, jwks, expected_action=action, expected_request_id=view["request_id"], expected_decision=decision
+        )
+        check(statement["authorization_type"] == kind, f"{label}: {policy}: authorization_type {statement['authorization_type']}")
+        check(
+            statement["policy"] == {"id": policy, "policy_set": expected_set},
+            f"{label}: the proof names {statement['policy']}, expected {policy} of {expected_set}",
+        )
+        check(statement["approvers"] == [], f"{label}: {policy}: a rule's decision names approvers {statement['approvers']}")
+        if decision == "approved":
+            # Tampered, re-signed by no known key, for another action: all refused.
+            verify_proof.negative_checks(proof, jwks, action)
+        else:
+            try:
+                verify_proof.verify(proof, jwks, expected_action=action)
+            except verify_proof.VerificationError as e:
+                check("decision" in str(e), f"{label}: a refusal's proof was refused for {e}, not its decision")
+            else:
+                raise AssertionError(f"{label}: a refusal's proof verified as an approval")
+
+    async def main() -> None:
+        jwks = await anyio.to_thread.run_sync(lambda: verify_proof.fetch_jwks(ctx.url("/.well-known/jwks.json")))
+        async with http_connection(ctx, ctx.agent_token) as client:
+            # Approved by rule, at once: the answer to request_approval is final.
+            action, created = await request(client, "py_refund", {"amount": "12.50", "order": "881"})
+            check(created["status"] == "approved", f"{label}: a small refund came back {created['status']}")
+            view = structured(await client.call_tool("check_approval", {"request_id": created["request_id"]}), f"{label}: check_approval")
+            check_proof(view, action, "approved", "policy", "py-small-refunds", jwks)
+
+            # A larger refund matches no policy: a person decides, as without policies.
+            _, large = await request(client, "py_refund", {"amount": "500", "order": "882"})
+            check(large["status"] == "pending", f"{label}: a large refund came back {large['status']}, not pending")
+
+            # Refused by rule, at once, with a proof of the refusal.
+            action, created = await request(client, "py_drop_table", {"table": "invoices"})
+            check(created["status"] == "rejected", f"{label}: a forbidden request came back {created['status']}")
+            view = structured(await client.call_tool("check_approval", {"request_id": created["request_id"]}), f"{label}: check_approval")
+            check_proof(view, action, "rejected", "policy", "py-no-drops", jwks)
+
+            # Nobody decides within the policy's 1.8 s: it is approved by the fallback.
+            action, created = await request(client, "py_deploy", {"service": "web"})
+            check(created["status"] == "pending", f"{label}: a deploy came back {created['status']}, not pending")
+            waited = structured(
+                await client.call_tool("wait_for_approval", {"request_id": created["request_id"], "timeout_seconds": 30}),
+                f"{label}: wait_for_approval",
+            )
+            check(waited["status"] == "approved", f"{label}: the deploy ended {waited['status']}, not approved by the fallback")
+            check_proof(waited, action, "approved", "fallback", "py-quick-deploys", jwks)
+        print(f"    {label}: policy approval, policy refusal and fallback proofs verified (policy set {expected_set[:19]}...)")
+
+    anyio.run(main)

@@ -13,6 +13,9 @@ create`), starts `countersign serve --listen 127.0.0.1:0`, and runs:
   over Streamable HTTP, each with the newest protocol (mode="auto": server/discover,
   2026-07-28) and with the initialize handshake (mode="legacy", 2025-11-25), side by side;
 - the official client without a token;
+- policies: a rule's approval and refusal and a fallback's approval, made with the
+  official client, their proofs checked by verify_proof and the policy set's digest
+  recomputed;
 - verify_log: an independent verifier of the transparency log and evidence bundles,
   written from docs/log-format.md (Merkle self-check against RFC 9162 vectors; every entry,
   inclusion and consistency proof and checkpoint of the live log; bundles, full mode and a
@@ -65,7 +68,12 @@ def main() -> int:
     data_dir = scratch / "data"
     data_dir.mkdir(mode=0o700)
     # A request may name ops@example.com as a recipient (a known one); nothing is sent.
-    (data_dir / "countersign.toml").write_text('[notify]\nallowed_recipients = ["email:ops@example.com"]\n')
+    # Policies for tools only test_policy_proofs names; every other request matches none.
+    (data_dir / mcp_clients.POLICY_FILE).write_text(mcp_clients.POLICIES)
+    (data_dir / "countersign.toml").write_text(
+        '[notify]\nallowed_recipients = ["email:ops@example.com"]\n\n'
+        f'[policy]\nfiles = ["{mcp_clients.POLICY_FILE}"]\n'
+    )
     server = Server(binary, data_dir)
     keep = os.environ.get("COUNTERSIGN_TEST_KEEP") == "1"
     try:
@@ -100,6 +108,7 @@ def main() -> int:
                 ("transparency log and evidence bundles (independent verifier)", lambda: log_and_bundles(ctx, results)),
                 ("full-mode bundle, review and key rotation (independent verifier)", lambda: verify_log.test_full_mode_bundle(binary, scratch, results)),
                 ("room and account events (independent verifier)", lambda: verify_log.test_rooms_and_accounts(ctx, results)),
+                ("policy and fallback proofs (independent verifier)", lambda: mcp_clients.test_policy_proofs(ctx, results)),
             ]
         )
         results.run("the whole log after every test (independent verifier)", lambda: verify_log.test_whole_log_at_the_end(ctx, results))
