@@ -410,7 +410,22 @@ async fn every_event_arrives_signed_and_the_reference_library_verifies_it() {
 
     // The history, for admins: the audit endpoint's messages sent on the first attempt
     // under the ids the receiver saw; the mismatched one's failing with the 401.
-    let list = history(&server, &t.admin).await;
+    // The receiver's answer may reach it before countersign has recorded the attempt:
+    // read the history again (for up to 10 s) until every attempt it saw is recorded.
+    let settled = |list: &[Value]| {
+        of_channel(list, "webhook audit")
+            .iter()
+            .all(|d| d["status"] == "sent")
+            && of_channel(list, "webhook mismatch")
+                .iter()
+                .all(|d| d["last_error"].is_string())
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut list = history(&server, &t.admin).await;
+    while !settled(&list) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        list = history(&server, &t.admin).await;
+    }
     let audit = of_channel(&list, "webhook audit");
     assert_eq!(audit.len(), expected.len(), "{list:#?}");
     let received: BTreeSet<String> = records
