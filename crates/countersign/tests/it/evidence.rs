@@ -163,6 +163,24 @@ async fn approved_and_used(server: &Server, agent: &str, approver: &str, n: usiz
     id
 }
 
+/// A request for `description` (no details), approved: its id and its proof.
+async fn approved_proof(
+    server: &Server,
+    agent: &str,
+    approver: &str,
+    description: &str,
+) -> (String, Value) {
+    let id = server
+        .create_request(
+            agent,
+            &json!({"action_description": description, "action_details": {}}),
+        )
+        .await;
+    let (status, decided) = server.decide(&id, approver, "approved").await;
+    assert_eq!(status, StatusCode::OK, "{decided}");
+    (id, decided["proof"].clone())
+}
+
 async fn export(data: &Path, id: &str, to: &Path) -> Vec<u8> {
     let out = run(data, &["evidence", id, "-o", path_str(to)]).await;
     assert!(out.ok(), "{out}");
@@ -545,25 +563,10 @@ async fn on_postgres_two_instances_with_keys_of_their_own_trust_each_other_once_
     assert_ne!(ka, kb, "each instance made a key of its own");
 
     let id = approved_and_used(&sa, &agent, &approver, 4).await;
-    let unused = sa
-        .create_request(
-            &agent,
-            &json!({"action_description": "Deploy 4.2", "action_details": {}}),
-        )
-        .await;
-    let (status, decided) = sa.decide(&unused, &approver, "approved").await;
-    assert_eq!(status, StatusCode::OK, "{decided}");
-    let proof_a = decided["proof"].clone();
+    let (_, proof_a) = approved_proof(&sa, &agent, &approver, "Deploy 4.2").await;
     assert_eq!(proof_a["signatures"][0]["keyid"], json!(ka));
-    let pending = sb
-        .create_request(
-            &agent,
-            &json!({"action_description": "Rotate the credentials", "action_details": {}}),
-        )
-        .await;
-    let (status, decided) = sb.decide(&pending, &approver, "approved").await;
-    assert_eq!(status, StatusCode::OK, "{decided}");
-    let proof_b = decided["proof"].clone();
+    // Approved, but not used: a forged statement names it below.
+    let (pending, proof_b) = approved_proof(&sb, &agent, &approver, "Rotate the credentials").await;
     assert_eq!(proof_b["signatures"][0]["keyid"], json!(kb));
 
     // Each other's key is only a database row: not trusted, and doctor says so.
