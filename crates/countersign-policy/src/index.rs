@@ -131,8 +131,6 @@ fn literal_of(expr: &Value) -> Option<Literal> {
 pub(crate) struct Indexed {
     pub always: cedar_policy::PolicySet,
     pub guarded: Vec<GuardedPath>,
-    /// Every policy, unindexed (what the tests hold the index to).
-    pub everything: cedar_policy::PolicySet,
 }
 
 #[derive(Debug, Clone)]
@@ -156,7 +154,6 @@ impl Indexed {
         guard: Option<&Guard>,
     ) -> Result<(), String> {
         let failed = |e: cedar_policy::PolicySetError| e.to_string();
-        self.everything.add(policy.clone()).map_err(failed)?;
         let Some(guard) = guard else {
             return self.always.add(policy.clone()).map_err(failed);
         };
@@ -178,6 +175,19 @@ impl Indexed {
             .or_default()
             .add(policy.clone())
             .map_err(failed)
+    }
+
+    /// Every policy in one set, unindexed (what the tests hold the index to): a guarded
+    /// policy is in its one path's `all`.
+    pub fn unindexed(&self) -> cedar_policy::PolicySet {
+        let mut every = self.always.clone();
+        for path in &self.guarded {
+            for policy in path.all.policies() {
+                // Ids are unique across the set, so nothing is added twice.
+                let _ = every.add(policy.clone());
+            }
+        }
+        every
     }
 
     /// The sets to evaluate for a request whose context value at a path is `value_at`.
