@@ -155,6 +155,27 @@ impl Store for SqliteStore {
         }
     }
 
+    async fn create_decided(
+        &self,
+        created: &SealedTransition,
+        decided: &SealedTransition,
+    ) -> Result<Created, StoreError> {
+        let created_row = TransitionRow::of(created)?;
+        let decided_row = TransitionRow::of(decided)?;
+        // One job, so one savepoint in one commit: both or neither.
+        match self
+            .writer
+            .submit(move |conn| match requests::insert(conn, &created_row)? {
+                Inserted::New => requests::apply(conn, &decided_row).map(|()| Inserted::New),
+                existing => Ok(existing),
+            })
+            .await?
+        {
+            Inserted::New => Ok(Created::New(decided.request.clone())),
+            Inserted::Existing(existing) => Ok(Created::Existing(*existing)),
+        }
+    }
+
     async fn get_request(&self, id: &str) -> Result<Option<ApprovalRequest>, StoreError> {
         let id = id.to_string();
         self.readers

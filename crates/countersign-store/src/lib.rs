@@ -127,6 +127,29 @@ pub trait Store: Send + Sync + 'static {
     /// and writes nothing.
     async fn create_request(&self, write: &SealedTransition) -> Result<Created, StoreError>;
 
+    /// Stores a new request already decided (a policy's decision at creation):
+    /// `created` is its creation, `decided` the next transition. [`Created::New`] holds
+    /// the request as stored: `decided`'s, unless someone else changed it in between
+    /// (then theirs). With an idempotency key already used, returns the existing request
+    /// and writes nothing, as [`Store::create_request`].
+    ///
+    /// A backend should write both in one transaction (the SQLite store does); this
+    /// default writes them one after the other, which is correct but costs two commits.
+    async fn create_decided(
+        &self,
+        created: &SealedTransition,
+        decided: &SealedTransition,
+    ) -> Result<Created, StoreError> {
+        match self.create_request(created).await? {
+            Created::New(_) => match self.apply(decided).await {
+                Ok(()) => Ok(Created::New(decided.request.clone())),
+                Err(StoreError::VersionConflict { current }) => Ok(Created::New(*current)),
+                Err(err) => Err(err),
+            },
+            existing @ Created::Existing(_) => Ok(existing),
+        }
+    }
+
     async fn get_request(&self, id: &str) -> Result<Option<ApprovalRequest>, StoreError>;
 
     /// Applies a transition of an existing request: stores `write.request` if the

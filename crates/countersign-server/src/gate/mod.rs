@@ -309,18 +309,20 @@ impl Gate {
         self.check_pending_limit(who, &transition.request).await?;
         let mut transition = transition;
         let ruling = self.apply_policies(who, &mut transition).await?;
-        match self
-            .store
-            .create_request(&transition.seal(new_salt()?))
-            .await?
-        {
+        let created = transition.seal(new_salt()?);
+        let stored = match ruling {
+            // A policy's decision is stored with the creation, in one write.
+            Some(ruling) => {
+                let decided = self.rule(&transition.request, ruling)?;
+                self.store
+                    .create_decided(&created, &decided.seal(new_salt()?))
+                    .await?
+            }
+            None => self.store.create_request(&created).await?,
+        };
+        match stored {
             Created::New(request) => {
                 self.feed.poke();
-                // A policy's decision follows its creation at once.
-                let request = match ruling {
-                    Some(ruling) => self.rule(request, ruling).await?,
-                    None => request,
-                };
                 if let Some(room) = &request.room {
                     // Shown in its room too, so the people there see what waits.
                     self.rooms.post_approval(who, room, &request).await?;

@@ -85,10 +85,11 @@ pub fn read_files(paths: &[PathBuf]) -> Result<Vec<PolicyFile>, String> {
         .collect()
 }
 
-/// What a rule decided at once.
+/// What a rule decided at once, and by which policy of which set (the set evaluated,
+/// even if a reload has put another in force since).
 pub(crate) struct Ruling {
     verdict: Verdict,
-    policy: String,
+    policy: PolicyRef,
 }
 
 impl Gate {
@@ -199,15 +200,19 @@ impl Gate {
         for error in &evaluation.errors {
             tracing::warn!(request = %request.id, %error, "a policy could not be evaluated; a person decides");
         }
+        let by = |id: String| PolicyRef {
+            id,
+            policy_set: set.digest().to_string(),
+        };
         let ruling = match evaluation.outcome {
             Outcome::Reject { policy } => Some(Ruling {
                 verdict: Verdict::Rejected,
-                policy,
+                policy: by(policy),
             }),
             // Reply fields only a person can give: a person decides.
             Outcome::Approve { policy } if request.requested_fields.is_empty() => Some(Ruling {
                 verdict: Verdict::Approved,
-                policy,
+                policy: by(policy),
             }),
             Outcome::Approve { .. } | Outcome::NoMatch => None,
             Outcome::Person {
@@ -237,18 +242,22 @@ impl Gate {
         Ok(ruling)
     }
 
-    /// Applies a ruling to the request just stored.
-    pub(crate) async fn rule(
+    /// The decision a ruling makes of the new `request`, signed, to store with its
+    /// creation in one write.
+    pub(crate) fn rule(
         &self,
-        request: ApprovalRequest,
+        request: &ApprovalRequest,
         ruling: Ruling,
-    ) -> Result<ApprovalRequest, GateError> {
-        let policy = PolicyRef {
-            id: ruling.policy,
-            policy_set: self.policies().digest().to_string(),
-        };
-        self.rule_on(request, ruling.verdict, AuthorizationType::Policy, policy)
-            .await
+    ) -> Result<Transition, GateError> {
+        let signer = self.keys.signer();
+        Ok(request.decide_by_rule(
+            ruling.verdict,
+            AuthorizationType::Policy,
+            ruling.policy,
+            request.requested_at,
+            new_nonce()?,
+            &signer,
+        )?)
     }
 
     /// What a policy says a timeout becomes, for a request past its expiry; `None` when

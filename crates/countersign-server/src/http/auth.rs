@@ -10,8 +10,7 @@
 
 use std::sync::Arc;
 
-use axum::extract::{FromRequestParts, Request, State};
-use axum::middleware::Next;
+use axum::extract::{FromRequestParts, Request};
 use axum::response::{IntoResponse, Response};
 use countersign_core::accounts::User;
 use countersign_core::{Channel, Decider, Principal, Role, Scope};
@@ -20,7 +19,9 @@ use http::{HeaderMap, HeaderValue, Method, header};
 use subtle::ConstantTimeEq;
 
 use super::AppState;
-use super::check::Check;
+use futures_util::future::BoxFuture;
+
+use super::check::{AsyncCheck, Check};
 use super::error::ApiError;
 use crate::error::GateError;
 use crate::gate::Gate;
@@ -59,61 +60,67 @@ pub struct Caller {
 /// Resolves the bearer token to a principal and attaches it to the request (as a
 /// [`Caller`], and as a `Principal` for the MCP service); answers 401 when there is none
 /// or it is not valid.
-pub async fn require_token(
-    State(state): State<AppState>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let token = match bearer_token(req.headers()) {
-        Ok(token) => token,
-        Err(message) => return unauthorized(GateError::Unauthenticated(message)),
-    };
-    match state.gate.authenticate(token).await {
-        Ok(principal) => {
-            req.extensions_mut().insert(principal.clone());
-            req.extensions_mut().insert(Authenticated {
-                principal,
-                channel: Channel::Api,
-                session: None,
-            });
-            next.run(req).await
-        }
-        Err(err @ GateError::Unauthenticated(_)) => unauthorized(err),
-        Err(err) => ApiError(err).into_response(),
+#[derive(Clone)]
+pub struct RequireToken(pub AppState);
+
+impl AsyncCheck for RequireToken {
+    fn check(&self, mut req: Request) -> BoxFuture<'static, Result<Request, Response>> {
+        let state = self.0.clone();
+        Box::pin(async move {
+            let token = bearer_token(req.headers())
+                .map_err(|message| unauthorized(GateError::Unauthenticated(message)))?
+                .to_string();
+            match state.gate.authenticate(&token).await {
+                Ok(principal) => {
+                    req.extensions_mut().insert(principal.clone());
+                    req.extensions_mut().insert(Authenticated {
+                        principal,
+                        channel: Channel::Api,
+                        session: None,
+                    });
+                    Ok(req)
+                }
+                Err(err @ GateError::Unauthenticated(_)) => Err(unauthorized(err)),
+                Err(err) => Err(ApiError(err).into_response()),
+            }
+        })
     }
 }
 
 /// Resolves the session cookie to a signed-in account and, on anything but a read,
 /// checks the CSRF token the page sends in `X-CSRF-Token`; answers 401 without a valid
 /// session and 403 without the right token.
-pub async fn require_session(
-    State(state): State<AppState>,
-    mut req: Request,
-    next: Next,
-) -> Response {
-    let signed_in = match signed_in(&state, req.headers()).await {
-        Ok(signed_in) => signed_in,
-        Err(err) => return ApiError(err).into_response(),
-    };
-    if !matches!(*req.method(), Method::GET | Method::HEAD) {
-        let sent = req
-            .headers()
-            .get("x-csrf-token")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("");
-        if !bool::from(sent.as_bytes().ct_eq(signed_in.csrf.as_bytes())) {
-            return ApiError(GateError::Forbidden(
-                "missing or wrong CSRF token: reload the page and try again".into(),
-            ))
-            .into_response();
-        }
+#[derive(Clone)]
+pub struct RequireSession(pub AppState);
+
+impl AsyncCheck for RequireSession {
+    fn check(&self, mut req: Request) -> BoxFuture<'static, Result<Request, Response>> {
+        let state = self.0.clone();
+        Box::pin(async move {
+            let signed_in = signed_in(&state, req.headers())
+                .await
+                .map_err(|err| ApiError(err).into_response())?;
+            if !matches!(*req.method(), Method::GET | Method::HEAD) {
+                let sent = req
+                    .headers()
+                    .get("x-csrf-token")
+                    .and_then(|v| v.to_str().ok())
+                    .unwrap_or("");
+                if !bool::from(sent.as_bytes().ct_eq(signed_in.csrf.as_bytes())) {
+                    return Err(ApiError(GateError::Forbidden(
+                        "missing or wrong CSRF token: reload the page and try again".into(),
+                    ))
+                    .into_response());
+                }
+            }
+            req.extensions_mut().insert(Authenticated {
+                principal: signed_in.user.principal(),
+                channel: Channel::Dashboard,
+                session: Some(Arc::new(signed_in)),
+            });
+            Ok(req)
+        })
     }
-    req.extensions_mut().insert(Authenticated {
-        principal: signed_in.user.principal(),
-        channel: Channel::Dashboard,
-        session: Some(Arc::new(signed_in)),
-    });
-    next.run(req).await
 }
 
 /// Set on a request once [`RequireScope`] let it through.

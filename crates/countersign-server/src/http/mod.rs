@@ -33,10 +33,10 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::middleware::{from_fn, from_fn_with_state};
+use axum::middleware::from_fn;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use check::CheckLayer;
+use check::{AsyncCheckLayer, CheckLayer};
 use countersign_core::Scope;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
@@ -195,11 +195,11 @@ pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken)
     let token_surface = Router::new()
         .nest("/api/v1", token_routes().merge(both_surfaces()))
         .nest_service("/mcp", mcp)
-        .layer(from_fn_with_state(state.clone(), auth::require_token));
+        .layer(AsyncCheckLayer(auth::RequireToken(state.clone())));
     let session_surface = Router::new()
         .nest("/ui/api", dashboard_routes().merge(both_surfaces()))
         .merge(session_routes())
-        .route_layer(from_fn_with_state(state.clone(), auth::require_session));
+        .route_layer(AsyncCheckLayer(auth::RequireSession(state.clone())));
     let dashboard = page_routes()
         .merge(session_surface)
         .layer(from_fn(ui::security_headers));

@@ -165,8 +165,11 @@ async fn serve_connection(
 ) {
     // Answers are written whole; there is nothing to gain from Nagle's delay.
     let _ = stream.set_nodelay(true);
+    // The sniffing is boxed (its timers are gone once it is done), so that the task
+    // that serves a connection for as long as it stays open does not keep room for it.
+    let sniffing = Box::pin(tokio::time::timeout(limits.header_timeout, sniff(&stream)));
     let protocol = tokio::select! {
-        sniffed = tokio::time::timeout(limits.header_timeout, sniff(&stream)) => match sniffed {
+        sniffed = sniffing => match sniffed {
             Ok(Some(protocol)) => protocol,
             // The client closed without a word, or the socket failed.
             Ok(None) => return,
@@ -249,7 +252,9 @@ where
     let mut closing = false;
     // An idle connection closed gracefully that is still open a moment later (an
     // HTTP/2 client that never finished its preface) is dropped: nothing is in flight.
-    let mut drop_at: Option<Instant> = None;
+    // Boxed, and only while it runs, like the idle timer: an open connection keeps no
+    // room for timers it is not running.
+    let mut drop_at: Option<Pin<Box<Sleep>>> = None;
     loop {
         tokio::select! {
             served = connection.as_mut() => return served.map_err(|e| e.to_string()),
@@ -260,9 +265,9 @@ where
             _ = idle_for(open.subscribe(), idle), if !closing => {
                 connection.as_mut().graceful_shutdown();
                 closing = true;
-                drop_at = Some(Instant::now() + IDLE_GRACE);
+                drop_at = Some(Box::pin(tokio::time::sleep(IDLE_GRACE)));
             }
-            _ = tokio::time::sleep_until(drop_at.unwrap_or_else(Instant::now)), if drop_at.is_some() => {
+            _ = until(&mut drop_at), if drop_at.is_some() => {
                 if *open.borrow() == 0 {
                     return Err(format!("idle for {idle:?}; closed"));
                 }
@@ -272,14 +277,23 @@ where
     }
 }
 
+/// Returns when `sleep` ends; never if there is none.
+async fn until(sleep: &mut Option<Pin<Box<Sleep>>>) {
+    match sleep {
+        Some(sleep) => sleep.as_mut().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// Returns once no request has been open for `idle`.
 async fn idle_for(mut open: watch::Receiver<usize>, idle: Duration) {
     loop {
         if open.wait_for(|n| *n == 0).await.is_err() {
             return;
         }
+        // Boxed: while a request is open (a long poll) this future keeps no timer.
         tokio::select! {
-            _ = tokio::time::sleep(idle) => {
+            _ = Box::pin(tokio::time::sleep(idle)) => {
                 if *open.borrow() == 0 {
                     return;
                 }

@@ -66,8 +66,9 @@ pub use log::{
 };
 pub use requests::{
     apply_is_compare_and_swap, concurrent_idempotent_creates_make_one_request,
-    duplicate_request_id_is_refused, expiry_queries, first_decision_wins,
-    idempotent_create_returns_existing, list_requests_filters_and_order, request_round_trip,
+    create_decided_writes_both_or_neither, duplicate_request_id_is_refused, expiry_queries,
+    first_decision_wins, idempotent_create_returns_existing, list_requests_filters_and_order,
+    request_round_trip,
 };
 pub use settings::meta_set_once_first_writer_wins;
 pub use tokens::{
@@ -83,6 +84,7 @@ macro_rules! store_test_suite {
             idempotent_create_returns_existing,
             concurrent_idempotent_creates_make_one_request,
             duplicate_request_id_is_refused,
+            create_decided_writes_both_or_neither,
             apply_is_compare_and_swap,
             first_decision_wins,
             events_are_gap_free_and_exact,

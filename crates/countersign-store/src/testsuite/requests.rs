@@ -220,6 +220,81 @@ pub async fn duplicate_request_id_is_refused(store: Arc<dyn Store>) {
     assert_eq!(store.last_event_seq().await.unwrap(), 1);
 }
 
+/// A request stored already decided: both transitions' events, in order, or nothing
+/// (an idempotent retry, a taken id).
+pub async fn create_decided_writes_both_or_neither(store: Arc<dyn Store>) {
+    let bot = agent("refund-bot");
+    let created = new_request("req_ruled", &bot, 0, 3600, Some("k-ruled"));
+    let decided = decide(
+        &created.request,
+        Verdict::Approved,
+        &approver("policy"),
+        0,
+        "n",
+    );
+    match store
+        .create_decided(&sealed(&created), &sealed(&decided))
+        .await
+        .unwrap()
+    {
+        Created::New(request) => assert_eq!(request, decided.request),
+        Created::Existing(_) => panic!("a new request"),
+    }
+    assert_eq!(
+        store.get_request("req_ruled").await.unwrap(),
+        Some(decided.request.clone())
+    );
+    let events = store.events_after(0, 10).await.unwrap();
+    let kinds: Vec<(u64, EventKind)> = events.iter().map(|e| (e.seq, e.entry.kind)).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (1, EventKind::RequestCreated),
+            (2, EventKind::RequestDecided)
+        ]
+    );
+
+    // A retry of its idempotency key writes nothing and returns the request as it is.
+    let retry = new_request("req_ruled_2", &bot, 5, 3600, Some("k-ruled"));
+    let retry_decided = decide(
+        &retry.request,
+        Verdict::Rejected,
+        &approver("policy"),
+        5,
+        "m",
+    );
+    match store
+        .create_decided(&sealed(&retry), &sealed(&retry_decided))
+        .await
+        .unwrap()
+    {
+        Created::Existing(existing) => assert_eq!(existing, decided.request),
+        Created::New(_) => panic!("a retry with the same key must not create a request"),
+    }
+    assert_eq!(store.get_request("req_ruled_2").await.unwrap(), None);
+    assert_eq!(store.last_event_seq().await.unwrap(), 2);
+
+    // A taken id: refused, and neither event is written.
+    let clash = new_request("req_ruled", &agent("other-bot"), 6, 3600, None);
+    let clash_decided = decide(
+        &clash.request,
+        Verdict::Approved,
+        &approver("policy"),
+        6,
+        "o",
+    );
+    let err = store
+        .create_decided(&sealed(&clash), &sealed(&clash_decided))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Duplicate(_)), "{err}");
+    assert_eq!(store.last_event_seq().await.unwrap(), 2);
+    assert_eq!(
+        store.get_request("req_ruled").await.unwrap(),
+        Some(decided.request)
+    );
+}
+
 /// `apply` stores only the next version, and a loser learns what won.
 pub async fn apply_is_compare_and_swap(store: Arc<dyn Store>) {
     let bot = agent("deploy-bot");
