@@ -1349,6 +1349,189 @@ test("rooms: desktop (1440x900) screenshot with all three panes", async () => {
   await context.close();
 });
 
+// ---- policies: why a person decides ---------------------------------------------------------
+
+// Each policy as written: the dashboard must show exactly this text. The large-refunds one
+// carries markup in a comment, which must stay text.
+const HELD_POLICY = `@id("large-refunds")
+@reason("refunds of 100 or more need <b>finance</b>")
+@timeout_hours("4")
+@on_timeout("reject")
+permit(principal, action == Action::"refund", resource)
+when {
+  // <img src=x onerror="window.__pwned = 1">
+  context.decimal has amount && context.decimal.amount.greaterThanOrEqual(decimal("100.0"))
+};`;
+const SMALL_POLICY = `@id("small-refunds")
+@reason("refunds under 100 are routine")
+permit(principal, action == Action::"refund", resource)
+when { context.decimal has amount && context.decimal.amount.lessThan(decimal("100.0")) };`;
+const FORBID_POLICY = `@id("no-production-deletes")
+forbid(principal, action == Action::"delete", resource)
+when { context.input has env && context.input.env == "production" };`;
+const FALLBACK_POLICY = `@id("quick-deploys")
+@timeout_hours("0.001")
+@on_timeout("approve")
+permit(principal, action == Action::"deploy", resource);`;
+const POLICY_FILE = [HELD_POLICY, SMALL_POLICY, FORBID_POLICY, FALLBACK_POLICY].join("\n\n") + "\n";
+
+/** The first admin of `server`, signed up through its setup link; the signed-in context. */
+async function firstAdmin(server) {
+  const context = await newContext(s.browser, { ...DESKTOP, baseURL: server.base });
+  const page = await context.newPage();
+  await page.goto(server.setupLink);
+  await page.getByLabel("Username").fill(ADMIN.username);
+  await page.getByLabel("Your name").fill(ADMIN.name);
+  await page.getByLabel("Password").fill(ADMIN.password);
+  await page.getByRole("button", { name: "Create account" }).click();
+  await page.waitForURL((u) => u.pathname === "/");
+  await page.close();
+  return context;
+}
+
+/** The `#why` section of a request's page, once shown. The page before it is closed: each
+ * holds a live connection, and Chromium opens at most six to one server over HTTP/1.1. */
+let whyPage = null;
+async function whyOf(context, id) {
+  if (whyPage) await whyPage.close().catch(() => {});
+  const page = await openLive(context, `/requests/${id}`);
+  whyPage = page;
+  await page.locator("#detail-body h3").waitFor();
+  return { page, why: page.locator("#why") };
+}
+
+test("policies: the dashboard says which policies hold a request, which decided one, and when none matched", async () => {
+  const server = await new Countersign(process.env.COUNTERSIGN_BIN, {
+    files: {
+      "countersign.toml": '[policy]\nfiles = ["refunds.cedar"]\n',
+      "refunds.cedar": POLICY_FILE,
+    },
+  }).start();
+  try {
+    const agent = await server.token("agent", "refund-bot");
+    const make = async (description, details) => {
+      const id = await server.createRequest(agent, { action_description: description, action_details: details });
+      const r = await server.http("GET", `/api/v1/requests/${id}`, { token: agent });
+      assert.equal(r.status, 200, r.text);
+      return r.body;
+    };
+    const held = await make("Refund order 7731", { tool: "refund", amount: "250.00" });
+    const small = await make("Refund order 7732", { tool: "refund", amount: "20.00" });
+    const forbidden = await make("Delete the orders table", { tool: "delete", env: "production" });
+    const unmatched = await make("Email the customer", { tool: "email", to: "kim@example.com" });
+    const deploy = await make("Deploy web 2.15", { tool: "deploy" });
+    // What the gate decided, over REST (its shapes unchanged: no policy text there).
+    assert.equal(held.status, "pending");
+    assert.equal(held.policy.id, "large-refunds");
+    const digest = held.policy.policy_set;
+    assert.match(digest, /^sha256:[0-9a-f]{64}$/);
+    assert.equal(small.status, "approved");
+    assert.equal(small.decision.authorization_type, "policy");
+    assert.equal(forbidden.status, "rejected");
+    assert.equal(forbidden.decision.policy.id, "no-production-deletes");
+    assert.equal(unmatched.status, "pending");
+    assert.equal(unmatched.policy, undefined);
+    assert.ok(!JSON.stringify(held).includes("finance"), "the REST view carries no policy text");
+    // The why is the dashboard's: an agent's token reaches it on neither surface.
+    for (const p of [`/ui/api/requests/${held.request_id}/why`, `/api/v1/requests/${held.request_id}/why`]) {
+      const r = await server.http("GET", p, { token: agent });
+      assert.ok(r.status === 401 || r.status === 404, `${p}: ${r.status} ${r.text}`);
+      assert.ok(!r.text.includes("finance"), r.text);
+    }
+
+    const context = await firstAdmin(server);
+
+    // Held: a person decides because of large-refunds, with its requirements and text.
+    let { page, why } = await whyOf(context, held.request_id);
+    await why.waitFor();
+    assert.equal(await why.locator("h4").textContent(), "A person decides because:");
+    const policies = why.locator("li.why-policy");
+    assert.equal(await policies.count(), 1);
+    const large = why.locator('li[data-policy-id="large-refunds"]');
+    assert.equal(await large.locator("h5").textContent(), "large-refunds (permit)");
+    assert.equal(await large.locator("pre.policy-text").textContent(), HELD_POLICY);
+    assert.equal(await large.locator(".reason").textContent(), "refunds of 100 or more need <b>finance</b>");
+    const requirements = await large.locator("table.kv tr").allTextContents();
+    assert.deepEqual(requirements, ["@timeout_hours4 (people have 4 h at most)", "@on_timeoutreject (a timeout becomes a signed rejection, by fallback)"]);
+    assert.ok((await why.textContent()).includes(`Policy set ${digest} (in force).`), await why.textContent());
+    // The markup in the policy stayed text: no element made of it, no script run.
+    assert.equal(await why.locator("img, b").count(), 0);
+    assert.equal(await page.evaluate(() => window.__pwned), undefined);
+    // The list marks it too.
+    const card = page.locator(`.card[data-id="${held.request_id}"]`);
+    assert.equal(await card.locator(".why-mark").textContent(), "held by policy large-refunds");
+    await shot(page, "desktop-1440x900-8-policy-held");
+
+    // Approved by policy: decided by small-refunds, with its text; no person named.
+    ({ page, why } = await whyOf(context, small.request_id));
+    await why.waitFor();
+    assert.equal(await why.getAttribute("data-kind"), "policy");
+    assert.equal(await why.locator("h4").textContent(), "Decided by policy small-refunds");
+    assert.equal(await why.locator('li[data-policy-id="small-refunds"] pre.policy-text').textContent(), SMALL_POLICY);
+    await page.locator("#detail-body .notice.ok", { hasText: "Approved by policy small-refunds at" }).waitFor();
+
+    // Rejected by the forbid.
+    ({ page, why } = await whyOf(context, forbidden.request_id));
+    await why.waitFor();
+    assert.equal(await why.locator("h4").textContent(), "Decided by policy no-production-deletes");
+    const forbid = why.locator('li[data-policy-id="no-production-deletes"]');
+    assert.equal(await forbid.locator("h5").textContent(), "no-production-deletes (forbid)");
+    assert.equal(await forbid.locator("pre.policy-text").textContent(), FORBID_POLICY);
+    await page.locator("#detail-body .notice.error", { hasText: "Rejected by policy no-production-deletes at" }).waitFor();
+
+    // No policy matched: one person decides, and the list says so.
+    ({ page, why } = await whyOf(context, unmatched.request_id));
+    await why.waitFor();
+    assert.equal(await why.getAttribute("data-kind"), "no_match");
+    assert.equal(await why.locator("h4").textContent(), "No policy matched, so one person decides.");
+    assert.equal(await why.locator("li.why-policy").count(), 0);
+    assert.equal(await page.locator(`.card[data-id="${unmatched.request_id}"] .why-mark`).textContent(), "no policy matched");
+    await page.locator("#approve").waitFor();
+
+    // A timeout the policy turned into an approval (0.001 h: about 4 s).
+    const waited = await server.http("GET", `/api/v1/requests/${deploy.request_id}/wait?timeout_seconds=30`, { token: agent, timeoutMs: 40_000 });
+    assert.equal(waited.body.status, "approved", waited.text);
+    ({ page, why } = await whyOf(context, deploy.request_id));
+    await why.waitFor();
+    assert.equal(await why.getAttribute("data-kind"), "fallback");
+    assert.equal(await why.locator("h4").textContent(), "Decided by policy quick-deploys");
+    assert.equal(await why.locator('li[data-policy-id="quick-deploys"] pre.policy-text').textContent(), FALLBACK_POLICY);
+    assert.ok((await why.textContent()).includes("Nobody decided in time"));
+
+    // A new version of the rules: the held request names its own set, whose text is now
+    // only in the log.
+    fs.writeFileSync(path.join(server.dataDir, "refunds.cedar"), `${POLICY_FILE}// version 2\n`);
+    ({ page, why } = await whyOf(context, held.request_id));
+    const deadline = Date.now() + 15_000;
+    while (!(await why.textContent().catch(() => "")).includes("no longer in force")) {
+      assert.ok(Date.now() < deadline, `the new policy set was not noticed: ${await why.textContent().catch(() => "")}`);
+      await sleep(500);
+      await page.reload();
+      await page.locator("#detail-body h3").waitFor();
+    }
+    assert.equal(await why.locator("h4").textContent(), "A person decides because:");
+    assert.equal(await why.locator('li[data-policy-id="large-refunds"]').count(), 1);
+    assert.equal(await why.locator("pre.policy-text").count(), 0, "the text of a set not in force is not shown");
+    assert.ok((await why.textContent()).includes(`Policy set ${digest}, no longer in force: its text is in the log's policy_set_loaded entry with that digest.`));
+  } finally {
+    server.cleanup();
+  }
+});
+
+test("policies: with none configured the dashboard shows nothing about them", async () => {
+  const id = await createRequest("Rotate the staging database password", { env: "staging" });
+  const r = await s.server.http("GET", `/ui/api/requests/${id}/why`, { token: s.approverToken });
+  assert.notEqual(r.status, 200, "a bearer token reaches the dashboard's API");
+  const context = await adminContext();
+  const page = await openLive(context, `/requests/${id}`);
+  await page.locator("#detail-body h3", { hasText: "Rotate the staging database password" }).waitFor();
+  const answer = await page.evaluate(async (rid) => (await fetch(`/ui/api/requests/${rid}/why`)).json(), id);
+  assert.deepEqual(answer, { why: null });
+  assert.equal(await page.locator("#why").count(), 0);
+  await page.locator(`.card[data-id="${id}"]`).waitFor();
+  assert.equal(await page.locator(".card .why-mark").count(), 0);
+});
+
 // ---- over the whole run ----------------------------------------------------------------------
 
 test("no page reported a CSP violation or an uncaught script error during the run", () => {

@@ -32,6 +32,8 @@ pub struct PolicyInfo {
     pub reason: Option<String>,
     #[serde(skip_serializing_if = "Requirements::is_empty")]
     pub requirements: Requirements,
+    /// The policy as written in its file, annotations included (shown to approvers).
+    pub text: String,
 }
 
 /// A validated set of policies, ready to evaluate.
@@ -125,6 +127,8 @@ impl PolicySet {
                         effect: if is_permit { "permit" } else { "forbid" },
                         reason: policy.annotation("reason").map(str::to_string),
                         requirements,
+                        // Cedar keeps a parsed policy's own source text.
+                        text: policy.to_string(),
                     },
                 );
                 policies.push(policy.new_id(PolicyId::new(id)));
@@ -233,6 +237,11 @@ impl PolicySet {
         let mut all: Vec<_> = self.info.values().collect();
         all.sort_by(|a, b| a.id.cmp(&b.id));
         all
+    }
+
+    /// The policy with this id.
+    pub fn policy(&self, id: &str) -> Option<&PolicyInfo> {
+        self.info.get(id)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -352,6 +361,23 @@ mod tests {
         assert!(set.schema().contains("action \"refund\""));
         assert!(set.schema().contains("action \"delete\""));
         assert!(set.digest().starts_with("sha256:") && set.digest().len() == 71);
+    }
+
+    #[test]
+    fn each_policy_keeps_its_own_text() {
+        let second = "@id(\"no-deletes\")\n@reason(\"never\")\nforbid(principal, action == Action::\"delete\", resource)\nwhen { context.input has env // <b>production</b>\n && context.input.env == \"production\" };";
+        let text =
+            format!("permit(principal, action == Action::\"refund\", resource);\n\n{second}\n");
+        let set = PolicySet::load(vec![file("p.cedar", &text)]).unwrap();
+        assert_eq!(
+            set.policy("no-deletes").map(|p| p.text.as_str()),
+            Some(second)
+        );
+        assert_eq!(
+            set.policy("p.cedar#1").map(|p| p.text.as_str()),
+            Some("permit(principal, action == Action::\"refund\", resource);")
+        );
+        assert!(set.policy("p.cedar#2").is_none());
     }
 
     #[test]

@@ -116,7 +116,74 @@ function card(request) {
       el("span", {}, request.requested_by.replace(/^(token|stdio|local):/, "")),
       el("span", {}, fmtTime(request.requested_at)),
       request.status === "pending" ? countdown(request.expires_at) : null,
+      request.why ? el("span", { class: "why-mark" }, whyMark(request.why)) : null,
     ),
+  );
+}
+
+// ---- why: the policies behind a request -------------------------------------------
+// Policy text is the operator's and is shown as text only (text nodes, never HTML).
+
+function policyIds(why) {
+  return why.policies.map((p) => p.id).join(", ");
+}
+
+function whyMark(why) {
+  switch (why.kind) {
+    case "held": return `held by policy ${policyIds(why)}`;
+    case "policy": return `decided by policy ${policyIds(why)}`;
+    case "fallback": return `fallback by policy ${policyIds(why)}`;
+    default: return "no policy matched";
+  }
+}
+
+const ON_TIMEOUT = {
+  approve: "approve (a timeout becomes a signed approval, by fallback)",
+  reject: "reject (a timeout becomes a signed rejection, by fallback)",
+};
+
+function requirementRows(req) {
+  const rows = [];
+  if (req.timeout_hours !== undefined) rows.push(["@timeout_hours", `${req.timeout_hours} (people have ${req.timeout_hours} h at most)`]);
+  if (req.on_timeout !== undefined) rows.push(["@on_timeout", ON_TIMEOUT[req.on_timeout] || req.on_timeout]);
+  return rows;
+}
+
+function whyPolicy(p, why) {
+  const parts = [el("h5", {}, el("code", {}, p.id), p.effect ? ` (${p.effect})` : null)];
+  if (p.reason) parts.push(el("p", { class: "reason" }, p.reason));
+  const rows = requirementRows(p.requirements || {});
+  if (rows.length) parts.push(kvTable(rows));
+  if (p.text !== undefined) parts.push(el("pre", { class: "policy-text" }, el("code", {}, p.text)));
+  else if (why.in_force) parts.push(el("p", { class: "muted" }, "This policy is not in the set in force."));
+  return el("li", { class: "why-policy", "data-policy-id": p.id }, ...parts);
+}
+
+function whySection(r, why) {
+  if (!why) return null;
+  const pending = r.status === "pending";
+  const setLine = why.in_force
+    ? el("p", { class: "muted" }, "Policy set ", el("code", {}, why.policy_set), " (in force).")
+    : el("p", { class: "muted" }, "Policy set ", el("code", {}, why.policy_set),
+      ", no longer in force: its text is in the log's policy_set_loaded entry with that digest.");
+  let title;
+  let note = null;
+  if (why.kind === "held") title = pending ? "A person decides because:" : "A person was asked to decide because:";
+  else if (why.kind === "policy") title = `Decided by policy ${policyIds(why)}`;
+  else if (why.kind === "fallback") {
+    title = `Decided by policy ${policyIds(why)}`;
+    note = el("p", {}, "Nobody decided in time; the policy's @on_timeout decided (fallback).");
+  } else {
+    title = pending ? "No policy matched, so one person decides." : "No policy matched, so one person decided.";
+    if ((r.requested_fields || []).length) note = el("p", { class: "muted" }, "A policy never approves a request that asks for reply fields: a person fills them in.");
+  }
+  return el(
+    "section",
+    { class: "why", id: "why", "aria-label": "Why", "data-kind": why.kind },
+    el("h4", {}, title),
+    note,
+    why.policies.length ? el("ul", { class: "why-policies" }, why.policies.map((p) => whyPolicy(p, why))) : null,
+    setLine,
   );
 }
 
@@ -184,7 +251,10 @@ async function loadDetail(notice) {
   if (!state.selected) return;
   const body = $("detail-body");
   try {
-    state.detail = await api(`/ui/api/requests/${encodeURIComponent(state.selected)}`);
+    const id = encodeURIComponent(state.selected);
+    const [detail, why] = await Promise.all([api(`/ui/api/requests/${id}`), api(`/ui/api/requests/${id}/why`)]);
+    state.detail = detail;
+    state.why = why.why;
   } catch (err) {
     body.replaceChildren(el("p", { class: "notice error" }, err.message));
     return;
@@ -206,6 +276,8 @@ function renderDetail(notice) {
     el("span", { class: `status ${r.status}` }, r.status.replace("_", " ")),
   ];
   if (notice) parts.push(el("div", { class: `notice ${notice.kind}`, role: "status" }, notice.text));
+  const why = whySection(r, state.why);
+  if (why) parts.push(why);
   const detailRows = Object.entries(r.action_details || {});
   parts.push(
     detailRows.length ? kvTable(detailRows) : el("p", { class: "empty" }, "No details."),
@@ -219,7 +291,9 @@ function renderDetail(notice) {
   );
   if (r.decision) {
     const d = r.decision;
-    const who = d.approvers.map((a) => `${a.display_name} via ${a.channel}`).join(", ");
+    const who = d.authorization_type === "human"
+      ? d.approvers.map((a) => `${a.display_name} via ${a.channel}`).join(", ")
+      : `${d.authorization_type === "fallback" ? "fallback, " : ""}policy ${d.policy ? d.policy.id : "?"}`;
     parts.push(
       el("div", { class: `notice ${r.status === "approved" ? "ok" : "error"}` }, `${r.status === "approved" ? "Approved" : "Rejected"} by ${who} at ${fmtTime(d.decided_at)}`),
       kvTable([

@@ -10,9 +10,11 @@ use serde::{Deserialize, Serialize};
 
 mod redemption;
 mod reviews;
+mod why;
 
 pub use redemption::{RedeemOutput, RedeemProofInput};
 pub use reviews::{ReviewOutput, ReviewView};
+pub use why::{WhyKind, WhyPolicy, WhyView};
 
 /// `request_approval`'s input.
 #[derive(Debug, Clone, Deserialize, JsonSchema)]

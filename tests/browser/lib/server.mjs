@@ -44,11 +44,14 @@ for (const signal of ["SIGINT", "SIGTERM", "SIGHUP"]) {
 }
 
 export class Countersign {
-  constructor(bin) {
+  /** `files`: written into the data directory before it starts, by name (say a
+   * `countersign.toml`, which `serve` reads from there, and the policy files it names). */
+  constructor(bin, { files = {} } = {}) {
     if (!bin) throw new Error("COUNTERSIGN_BIN is not set: point it at the countersign binary");
     if (!fs.existsSync(bin)) throw new Error(`COUNTERSIGN_BIN ${bin} does not exist`);
     this.bin = bin;
     this.dataDir = fs.mkdtempSync(path.join(os.tmpdir(), "countersign-browser-"));
+    for (const [name, text] of Object.entries(files)) fs.writeFileSync(path.join(this.dataDir, name), text);
     this.stderr = "";
     this.child = null;
     this.base = null;

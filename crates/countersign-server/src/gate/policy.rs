@@ -9,7 +9,7 @@ use std::sync::{Arc, RwLock};
 
 use countersign_core::{
     ApprovalRequest, AuthorizationType, Event, EventKind, PolicyHold, PolicyRef, Principal,
-    Transition, Verdict,
+    Timestamp, Transition, Verdict,
 };
 use countersign_policy::{Input, OnTimeout, Outcome, PolicyFile, PolicySet, RESOURCE};
 use countersign_store::{Docs, RequestQuery, StoreError, collection, kinds};
@@ -96,6 +96,20 @@ impl Gate {
     /// The policy set in force.
     pub fn policies(&self) -> Arc<PolicySet> {
         self.policies.get()
+    }
+
+    /// The policy set in force and when its version was first logged (`None` when it is
+    /// not in the log, as for no policies at all): a request made since then, that no
+    /// policy held or decided, is one no policy in it matched.
+    pub async fn policies_since(&self) -> Result<(Arc<PolicySet>, Option<Timestamp>), GateError> {
+        let set = self.policies();
+        if set.is_empty() {
+            return Ok((set, None));
+        }
+        let logged = Docs::<PolicySetDocs>::new(&*self.store)
+            .get(set.digest())
+            .await?;
+        Ok((set, logged.map(|doc| doc.updated_at)))
     }
 
     /// Reads and loads the configured files, logs the version if it is new, and puts it

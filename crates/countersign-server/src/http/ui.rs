@@ -31,7 +31,7 @@ use super::client::ClientAddr;
 use super::error::{ApiError, ApiJson, ApiPath, ApiQuery, error_response};
 use crate::accounts::{INVITE_SECONDS, SignIn};
 use crate::error::GateError;
-use crate::views::RequestView;
+use crate::views::{RequestView, WhyView};
 
 const INDEX: &str = include_str!("../../assets/index.html");
 const LOGIN: &str = include_str!("../../assets/login.html");
@@ -426,11 +426,38 @@ pub(super) async fn list_requests(
                     .any(|(k, v)| k.to_lowercase().contains(&q) || v.to_lowercase().contains(&q))
         });
     }
-    let views: Vec<RequestView> = requests
+    let (set, since) = state.gate.policies_since().await?;
+    let views: Vec<ListedRequest> = requests
         .iter()
-        .map(|r| RequestView::new(r, &viewer))
+        .map(|r| ListedRequest {
+            view: RequestView::new(r, &viewer),
+            why: WhyView::of(r, &set, since).map(WhyView::brief),
+        })
         .collect();
     Ok(Json(serde_json::json!({"requests": views})))
+}
+
+/// A request in the dashboard's lists, with a short "why" (the policies' ids).
+#[derive(Serialize)]
+struct ListedRequest {
+    #[serde(flatten)]
+    view: RequestView,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    why: Option<WhyView>,
+}
+
+/// Why a person decides this request, or which policy decided it: `{"why": ...}`, null
+/// when policies had no part in it. Only for a session that may see the request.
+pub(super) async fn request_why(
+    State(state): State<AppState>,
+    Dashboard(session): Dashboard,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let request = state.gate.get(&session.user.principal(), &id).await?;
+    let (set, since) = state.gate.policies_since().await?;
+    Ok(Json(
+        serde_json::json!({"why": WhyView::of(&request, &set, since)}),
+    ))
 }
 
 // ---- live updates ---------------------------------------------------------------------
