@@ -53,6 +53,7 @@ ZIP_EPOCH = (1980, 1, 1, 0, 0, 0)
 ENTRY_TYPES = {
     "request_created",
     "request_decided",
+    "request_approval_recorded",
     "request_timed_out",
     "request_cancelled",
     "action_recorded",
@@ -94,6 +95,7 @@ ROOM_EVENTS = {t for t in ENTRY_TYPES if t.startswith(("room_", "member_"))} | {
 DATA_MEMBERS = {
     "request_created": {"version", "action_digest", "requested_by", "expires_at", "valid_for_seconds", "requested_fields", "room"},
     "request_decided": {"version", "decision", "authorization_type", "approvers", "action_digest", "valid_until", "nonce"},
+    "request_approval_recorded": {"version", "action_digest", "approvals", "required"},
     "request_timed_out": {"version", "expires_at"},
     "request_cancelled": {"version"},
     "action_recorded": {"version", "action_digest", "tool"},
@@ -121,12 +123,13 @@ DATA_MEMBERS = {
     "policy_set_loaded": {"policy_set", "files"},
 }
 # `data` members some entries of a type have (docs/policies.md): a request policies sent
-# to people, a decision a policy made.
-OPTIONAL_DATA = {"request_created": {"policy"}, "request_decided": {"policy"}}
+# to people, a decision a policy made, a request that needs a quorum (docs/log-format.md).
+OPTIONAL_DATA = {"request_created": {"policy", "quorum"}, "request_decided": {"policy"}}
 # Members of the opened payload by type.
 PAYLOAD_MEMBERS = {
     "request_created": {"action", "recipient_email", "recipient_slack"},
     "request_decided": {"comment", "fields"},
+    "request_approval_recorded": {"comment", "fields"},
     "action_recorded": {"details"},
     "outcome_recorded": {"summary", "details"},
     "review_recorded": {"notes"},

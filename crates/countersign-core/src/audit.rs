@@ -257,6 +257,8 @@ impl Audit {
                     outcome: None,
                     reviews: Vec::new(),
                     policy: field(data, "policy")?,
+                    quorum: field(data, "quorum")?,
+                    approvals: Vec::new(),
                 };
                 if entry.version() != Some(1) {
                     return Err("its version is not 1".into());
@@ -264,6 +266,7 @@ impl Audit {
                 self.requests.insert(subject, request);
             }
             EventKind::RequestDecided
+            | EventKind::RequestApprovalRecorded
             | EventKind::RequestTimedOut
             | EventKind::RequestCancelled
             | EventKind::ActionRecorded
@@ -300,6 +303,9 @@ impl Audit {
                         };
                         request.status = decision.decision.status();
                         request.decision = Some(decision);
+                    }
+                    EventKind::RequestApprovalRecorded => {
+                        crate::quorum::replay_approval(request, data, payload, entry.at)?;
                     }
                     EventKind::RequestTimedOut => {
                         request.status = Status::TimedOut;

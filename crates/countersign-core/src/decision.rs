@@ -9,6 +9,7 @@ use crate::event::Event;
 use crate::keys::Signer;
 use crate::principal::{Approver, Channel, Principal};
 use crate::proof::{AuthorizationType, Envelope, PolicyRef, Statement};
+use crate::quorum::{DecisionAccounts, Vote};
 use crate::request::{ApprovalRequest, Limits, Status, Transition, validate_map};
 use crate::time::Timestamp;
 
@@ -85,12 +86,39 @@ pub struct ActionRecord {
 impl ApprovalRequest {
     /// A human decision on this request, signed. Returns the next state of the request,
     /// which carries the decision and its proof. `nonce` must be fresh randomness.
+    ///
+    /// The decider counts as its own account and in no group
+    /// ([`DecisionAccounts::unmapped`]); [`decide_as`](Self::decide_as) takes the
+    /// accounts the server mapped.
     #[allow(clippy::too_many_arguments)]
     pub fn decide(
         &self,
         verdict: Verdict,
         input: DecisionInput,
         by: &Principal,
+        channel: Channel,
+        now: Timestamp,
+        nonce: String,
+        signer: &Signer,
+        limits: &Limits,
+    ) -> Result<Transition, CoreError> {
+        let accounts = DecisionAccounts::unmapped(self, by);
+        self.decide_as(
+            verdict, input, by, &accounts, channel, now, nonce, signer, limits,
+        )
+    }
+
+    /// A human decision by `by`, who counts as `accounts.decider`. For a request without
+    /// a quorum this is the final, signed decision. For one with a quorum, an approval
+    /// short of it is recorded and the request stays pending (no proof yet, `nonce` and
+    /// `signer` unused); the last approval and any rejection are final (quorum.rs).
+    #[allow(clippy::too_many_arguments)]
+    pub fn decide_as(
+        &self,
+        verdict: Verdict,
+        input: DecisionInput,
+        by: &Principal,
+        accounts: &DecisionAccounts,
         channel: Channel,
         now: Timestamp,
         nonce: String,
@@ -106,10 +134,15 @@ impl ApprovalRequest {
         if let Some(err) = self.closed_error(now) {
             return Err(err);
         }
-        if by.id == self.requested_by.id {
+        // The requester never counts, whichever identity of its account decides.
+        if by.id == self.requested_by.id || accounts.decider == accounts.requester {
             return Err(CoreError::SelfApproval {
                 request_id: self.id.clone(),
-                principal: by.id.clone(),
+                principal: if by.id == accounts.decider {
+                    by.id.clone()
+                } else {
+                    format!("{} (account {})", by.id, accounts.decider)
+                },
             });
         }
         let comment = match input.comment.map(|c| c.trim().to_string()) {
@@ -123,23 +156,22 @@ impl ApprovalRequest {
             other => other,
         };
         validate_map("fields", &input.fields, limits.max_fields, limits)?;
+        if let Some(quorum) = &self.quorum {
+            let vote = Vote {
+                verdict,
+                comment,
+                fields: input.fields,
+                approver: Approver {
+                    account: Some(accounts.decider.clone()),
+                    ..by.as_approver(channel)
+                },
+                eligible: accounts.eligible,
+                at: now,
+            };
+            return self.vote(quorum, vote, nonce, signer, limits);
+        }
         if verdict == Verdict::Approved {
-            let missing: Vec<&str> = self
-                .requested_fields
-                .iter()
-                .filter(|f| input.fields.get(*f).is_none_or(|v| v.trim().is_empty()))
-                .map(String::as_str)
-                .collect();
-            if !missing.is_empty() {
-                return Err(CoreError::invalid(
-                    "fields",
-                    format!(
-                        "the request asks for {} to approve it; fill in {}",
-                        self.requested_fields.join(", "),
-                        missing.join(", ")
-                    ),
-                ));
-            }
+            self.check_fields(&input.fields)?;
         }
         let decision = Decision {
             decision: verdict,
@@ -153,6 +185,27 @@ impl ApprovalRequest {
             policy: None,
         };
         Ok(self.signed(decision, signer))
+    }
+
+    /// Refuses an approval whose reply fields leave out one the request asks for.
+    pub(crate) fn check_fields(&self, fields: &BTreeMap<String, String>) -> Result<(), CoreError> {
+        let missing: Vec<&str> = self
+            .requested_fields
+            .iter()
+            .filter(|f| fields.get(*f).is_none_or(|v| v.trim().is_empty()))
+            .map(String::as_str)
+            .collect();
+        if missing.is_empty() {
+            return Ok(());
+        }
+        Err(CoreError::invalid(
+            "fields",
+            format!(
+                "the request asks for {} to approve it; fill in {}",
+                self.requested_fields.join(", "),
+                missing.join(", ")
+            ),
+        ))
     }
 
     /// A decision made by a rule, signed: `kind` is `Policy` (a policy decided at once)
@@ -203,7 +256,7 @@ impl ApprovalRequest {
     }
 
     /// The next state of the request, carrying `decision` and its signed proof.
-    fn signed(&self, decision: Decision, signer: &Signer) -> Transition {
+    pub(crate) fn signed(&self, decision: Decision, signer: &Signer) -> Transition {
         let statement = Statement::for_decision(self, &decision);
         let proof = Envelope::sign_statement(&statement, signer);
         let request = Self {

@@ -34,6 +34,10 @@ pub enum CoreError {
         principal: String,
     },
 
+    /// A quorum's rules keep this decider from counting (separation of duties).
+    #[error("{0}")]
+    NotCounted(NotCounted),
+
     /// The principal lacks the role for this operation.
     #[error("{0}")]
     Forbidden(String),
@@ -61,6 +65,33 @@ fn describe_decider(by: &Option<String>, at: &Option<Timestamp>) -> String {
         (Some(by), None) => format!(" (by {by})"),
         (None, None) => String::new(),
     }
+}
+
+/// Why a decider does not count toward a request's quorum. Quorum counts accounts, so
+/// these name the account (and the identity it came through).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotCounted {
+    /// The account already approved this request: one account counts once, whichever
+    /// identity (token, dashboard, Slack, email) it approves through.
+    #[error(
+        "account {account} already approved request {request_id} ({approved_by} at {approved_at}); one account counts once: a different approver must give the next approval"
+    )]
+    AlreadyApproved {
+        request_id: String,
+        account: String,
+        /// How the earlier approval came: `<display name> via <channel>`.
+        approved_by: String,
+        approved_at: Timestamp,
+    },
+    /// The request needs its approvers from a group the account is not in.
+    #[error(
+        "account {account} is not in group {group:?}: request {request_id} must be decided by members of {group:?}"
+    )]
+    NotEligible {
+        request_id: String,
+        account: String,
+        group: String,
+    },
 }
 
 /// Why an approval may not be acted on.

@@ -26,6 +26,8 @@ pub const ENTRY_VERSION: u32 = 1;
 pub enum EventKind {
     RequestCreated,
     RequestDecided,
+    /// An approval of a request that needs more than one: it stays pending.
+    RequestApprovalRecorded,
     RequestTimedOut,
     RequestCancelled,
     ActionRecorded,
@@ -64,6 +66,7 @@ impl EventKind {
         match self {
             EventKind::RequestCreated => "request_created",
             EventKind::RequestDecided => "request_decided",
+            EventKind::RequestApprovalRecorded => "request_approval_recorded",
             EventKind::RequestTimedOut => "request_timed_out",
             EventKind::RequestCancelled => "request_cancelled",
             EventKind::ActionRecorded => "action_recorded",
@@ -252,6 +255,10 @@ impl Event {
                 if let Some(policy) = &request.policy {
                     data["policy"] = json!(policy);
                 }
+                // How many must approve, when more than one (or from a group) must.
+                if let Some(quorum) = &request.quorum {
+                    data["quorum"] = json!(quorum);
+                }
                 data
             },
             Some(json!({
@@ -279,7 +286,8 @@ impl Event {
             EventKind::RequestDecided,
             request,
             decision.decided_at,
-            decision.approvers.first().map(|a| a.id.clone()),
+            // Who made it final: the last of a quorum's approvers, the only one otherwise.
+            decision.approvers.last().map(|a| a.id.clone()),
             data,
             Some(json!({"comment": decision.comment, "fields": decision.fields})),
         )

@@ -35,7 +35,7 @@ pub fn check_principal_id(field: &str, id: &str) -> Result<(), CoreError> {
     }
 }
 
-fn check_group_name(name: &str) -> Result<(), CoreError> {
+pub(crate) fn check_group_name(name: &str) -> Result<(), CoreError> {
     let ok = (1..=64).contains(&name.len())
         && name
             .chars()

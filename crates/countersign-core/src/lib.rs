@@ -21,6 +21,7 @@ pub mod logcheck;
 pub mod merkle;
 pub mod principal;
 pub mod proof;
+pub mod quorum;
 pub mod redeem;
 pub mod request;
 pub mod rooms;
@@ -30,7 +31,7 @@ pub mod token;
 
 pub use action::{Action, ActionDigest};
 pub use decision::{ActionRecord, Decision, DecisionInput, Verdict};
-pub use error::CoreError;
+pub use error::{CoreError, NotCounted};
 pub use event::{Event, EventKind, LogEntry, PayloadOpening, SealedEvent};
 pub use groups::Groups;
 pub use keys::{Jwk, Jwks, Signer};
@@ -39,6 +40,7 @@ pub use proof::{
     AuthorizationType, Envelope, PolicyRef, Problem, ProblemCode, Statement, VerifyOptions,
     VerifyReport,
 };
+pub use quorum::{DecisionAccounts, Quorum, RecordedApproval};
 pub use request::{
     ApprovalRequest, Limits, NewRequest, PolicyHold, RequestId, SealedTransition, Status,
     Transition,

@@ -185,6 +185,7 @@ impl Principal {
             display_name: self.display_name.clone(),
             channel,
             auth_method: self.auth_method,
+            account: None,
         }
     }
 
@@ -239,6 +240,11 @@ pub struct Approver {
     pub display_name: String,
     pub channel: Channel,
     pub auth_method: AuthMethod,
+    /// The account this identity counted as, for a request that needed a quorum or
+    /// approvers from a group (`quorum.rs`); absent otherwise, so a one-approver
+    /// decision names its approver exactly as before quorum existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
 }
 
 #[cfg(test)]

@@ -20,6 +20,7 @@ use crate::action::{Action, ActionDigest};
 use crate::decision::{Decision, Verdict};
 use crate::keys::{Jwks, Signer};
 use crate::principal::{Approver, Requester};
+use crate::quorum::Quorum;
 use crate::request::ApprovalRequest;
 use crate::time::Timestamp;
 
@@ -66,6 +67,11 @@ pub struct Statement {
     /// For `policy` and `fallback` decisions: the policy that made it. Absent for people.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyRef>,
+    /// For a request that needed more than one approval, or approvers from a group: how
+    /// many and from which. Absent otherwise, so a one-approver statement is unchanged.
+    /// Each approver then names the account it counted as.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quorum: Option<Quorum>,
 }
 
 impl Statement {
@@ -86,6 +92,11 @@ impl Statement {
             valid_until: decision.valid_until,
             nonce: decision.nonce.clone(),
             policy: decision.policy.clone(),
+            // A rule's decision names no person, so no quorum of them either.
+            quorum: request
+                .quorum
+                .clone()
+                .filter(|_| decision.authorization_type == AuthorizationType::Human),
         }
     }
 }

@@ -3,6 +3,7 @@
 //! ```text
 //! pending ──decide──▶ approved ──record_action or redeem──▶ (used once)
 //!    │    └─decide──▶ rejected
+//!    ├──approve, short of its quorum──▶ pending (the approval recorded: quorum.rs)
 //!    ├──expires_at──▶ timed_out   (fail closed: never approved by silence)
 //!    └──cancel──────▶ cancelled
 //! ```
@@ -21,6 +22,7 @@ use crate::error::{CoreError, NotUsable};
 use crate::event::{Event, EventKind};
 use crate::principal::{Principal, Requester};
 use crate::proof::Envelope;
+use crate::quorum::{Quorum, RecordedApproval};
 use crate::time::Timestamp;
 use serde_json::json;
 
@@ -39,6 +41,17 @@ impl Transition {
             request: self.request.clone(),
             event: self.event.seal(salt),
         }
+    }
+}
+
+impl Transition {
+    /// Whether the store may apply this transition over `stored`: the store's
+    /// compare-and-swap, which writes a transition only over the version it was computed
+    /// from. Two transitions computed from one state (a last approval and a rejection)
+    /// both follow it, so the store keeps exactly one; one computed from an older state
+    /// follows nothing stored and must be computed again from the current one.
+    pub fn applies_to(&self, stored: &ApprovalRequest) -> bool {
+        self.request.id == stored.id && self.request.version == stored.version + 1
     }
 }
 
@@ -209,6 +222,14 @@ pub struct ApprovalRequest {
     /// policy matched (or none is configured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyHold>,
+    /// How many distinct accounts must approve, and from which group; absent for one
+    /// approver from anyone, as every request needed before quorum existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quorum: Option<Quorum>,
+    /// The approvals recorded while it waited for more (each its own
+    /// `request_approval_recorded` entry), in order; the final decision names them all.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub approvals: Vec<RecordedApproval>,
 }
 
 /// What the matching policies said of a request they sent to people.
@@ -298,6 +319,8 @@ impl ApprovalRequest {
             outcome: None,
             reviews: Vec::new(),
             policy: None,
+            quorum: None,
+            approvals: Vec::new(),
         };
         Ok(Transition {
             event: Event::created(&request),

@@ -107,6 +107,8 @@ impl GateError {
                 CoreError::Expired { .. } => ErrorKind::Expired,
                 CoreError::SelfApproval { .. } => ErrorKind::SelfApproval,
                 CoreError::Forbidden(_) => ErrorKind::Forbidden,
+                // Separation of duties in a quorum (core quorum.rs): a 403, like a self-approval.
+                CoreError::NotCounted(_) => ErrorKind::Forbidden,
                 CoreError::NotUsable(NotUsable::NotApproved { .. }) => ErrorKind::NotApproved,
                 CoreError::NotUsable(NotUsable::AlreadyUsed { .. }) => ErrorKind::AlreadyUsed,
                 CoreError::NotUsable(NotUsable::ValidityExpired { .. }) => {
