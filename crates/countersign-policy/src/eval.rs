@@ -200,10 +200,37 @@ fn no_match() -> Evaluation {
     }
 }
 
-fn uid(ty: &str, id: &str) -> Result<EntityUid, String> {
-    let ty = EntityTypeName::from_str(ty).map_err(|e| e.to_string())?;
+/// The entity types a request names.
+#[derive(Clone, Copy)]
+enum Type {
+    Agent,
+    Group,
+    Server,
+    Action,
+}
+
+/// `Type::"id"`. The type names are parsed once: Cedar parses a type name with its full
+/// parser each time (a few microseconds, several times a request).
+fn uid(ty: Type, id: &str) -> Result<EntityUid, String> {
+    static NAMES: std::sync::OnceLock<Result<[EntityTypeName; 4], String>> =
+        std::sync::OnceLock::new();
+    let names = NAMES
+        .get_or_init(|| {
+            let name = |n: &str| EntityTypeName::from_str(n).map_err(|e| e.to_string());
+            Ok([
+                name("Agent")?,
+                name("Group")?,
+                name("Server")?,
+                name("Action")?,
+            ])
+        })
+        .as_ref()
+        .map_err(Clone::clone)?;
     let id = EntityId::from_str(id).map_err(|e| e.to_string())?;
-    Ok(EntityUid::from_type_name_and_id(ty, id))
+    Ok(EntityUid::from_type_name_and_id(
+        names[ty as usize].clone(),
+        id,
+    ))
 }
 
 /// `decimal("<text>")`, from a cache: Cedar parses the function's name each time it
@@ -233,11 +260,11 @@ fn cedar_request(
     input: &Input<'_>,
     action: &str,
 ) -> Result<(cedar_policy::Request, Entities), String> {
-    let principal = uid("Agent", input.agent)?;
+    let principal = uid(Type::Agent, input.agent)?;
     let parents: HashSet<EntityUid> = input
         .groups
         .iter()
-        .map(|g| uid("Group", g))
+        .map(|g| uid(Type::Group, g))
         .collect::<Result<_, _>>()?;
     let agent = Entity::new(
         principal.clone(),
@@ -248,7 +275,7 @@ fn cedar_request(
         parents,
     )
     .map_err(|e| e.to_string())?;
-    let resource = uid("Server", input.resource)?;
+    let resource = uid(Type::Server, input.resource)?;
     let entities = Entities::from_entities(
         [
             agent,
@@ -305,9 +332,14 @@ fn cedar_request(
         ));
     }
     let context = Context::from_pairs(pairs).map_err(|e| e.to_string())?;
-    let request =
-        cedar_policy::Request::new(principal, uid("Action", action)?, resource, context, None)
-            .map_err(|e| e.to_string())?;
+    let request = cedar_policy::Request::new(
+        principal,
+        uid(Type::Action, action)?,
+        resource,
+        context,
+        None,
+    )
+    .map_err(|e| e.to_string())?;
     Ok((request, entities))
 }
 
