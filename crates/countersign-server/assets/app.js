@@ -168,7 +168,12 @@ function whySection(r, why) {
       ", no longer in force: its text is in the log's policy_set_loaded entry with that digest.");
   let title;
   let note = null;
-  if (why.kind === "held") title = pending ? "A person decides because:" : "A person was asked to decide because:";
+  if (why.kind === "held") {
+    title = pending ? "A person decides because:" : "A person was asked to decide because:";
+    // Held with no policy named: a policy could not be evaluated (its error is in the
+    // server's log), and countersign fails closed.
+    if (!why.policies.length) note = el("p", {}, "A policy could not be evaluated for this request (the server's log says why), so a person decides: countersign never approves by a rule it could not check.");
+  }
   else if (why.kind === "policy") title = `Decided by policy ${policyIds(why)}`;
   else if (why.kind === "fallback") {
     title = `Decided by policy ${policyIds(why)}`;
