@@ -104,6 +104,24 @@ impl PolicySet {
                     Some(id) if !id.trim().is_empty() => id.trim().to_string(),
                     _ => format!("{}#{}", file.name, n + 1),
                 };
+                // A fallback decision names the policies that held its request joined
+                // by commas (in the signed statement): an id with a comma would make
+                // that ambiguous.
+                if id.contains(',') {
+                    return Err(PolicyError::Annotation {
+                        file: file.name.clone(),
+                        id: id.clone(),
+                        message: match policy.annotation("id") {
+                            Some(_) => "an @id may not contain a comma (a fallback decision \
+                                        lists the ids of its policies joined by commas)"
+                                .into(),
+                            None => "this policy has no @id, and its file's name, which \
+                                     would make its id, contains a comma: give it an @id \
+                                     without one, or rename the file"
+                                .into(),
+                        },
+                    });
+                }
                 if info.contains_key(&id) {
                     return Err(PolicyError::DuplicateId {
                         file: file.name.clone(),
@@ -421,6 +439,10 @@ mod tests {
                 r#"permit(principal == ?principal, action, resource);"#,
                 "templates",
             ),
+            (
+                r#"@id("refunds,small") permit(principal, action, resource);"#,
+                "an @id may not contain a comma",
+            ),
         ];
         for (text, expected) in cases {
             let err = PolicySet::load(vec![file("bad.cedar", text)])
@@ -433,6 +455,22 @@ mod tests {
                 "{err}"
             );
         }
+    }
+
+    #[test]
+    fn an_id_made_from_a_file_name_with_a_comma_is_refused() {
+        let text = "permit(principal, action, resource);";
+        let err = PolicySet::load(vec![file("refunds,v2.cedar", text)])
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("its file's name") && err.contains("refunds,v2.cedar"),
+            "{err}"
+        );
+        // With an @id of its own the file's name does not matter.
+        let named = format!("@id(\"refunds\") {text}");
+        assert!(PolicySet::load(vec![file("refunds,v2.cedar", &named)]).is_ok());
     }
 
     #[test]
