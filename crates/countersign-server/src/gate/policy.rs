@@ -40,9 +40,12 @@ pub(crate) struct LoggedSet {
 
 collection!(pub(crate) PolicySetDocs: kinds::POLICY_SET => LoggedSet);
 
-/// The set in force, swapped whole on reload.
+/// The set in force, swapped whole on reload, and what the files looked like when they
+/// were last read (so that a change made right after a load, before the watcher first
+/// looks, is not missed).
 pub(crate) struct Policies {
     current: RwLock<Arc<PolicySet>>,
+    read: std::sync::Mutex<Option<Stamp>>,
 }
 
 impl Default for Policies {
@@ -55,7 +58,14 @@ impl Policies {
     pub(crate) fn new(set: PolicySet) -> Self {
         Self {
             current: RwLock::new(Arc::new(set)),
+            read: std::sync::Mutex::new(None),
         }
+    }
+    fn read_as(&self, stamp: Stamp) {
+        *self.read.lock().unwrap_or_else(|p| p.into_inner()) = Some(stamp);
+    }
+    fn last_read(&self) -> Option<Stamp> {
+        self.read.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
     fn get(&self) -> Arc<PolicySet> {
         self.current
@@ -119,6 +129,8 @@ impl Gate {
         let Some(settings) = &self.settings.policy else {
             return Ok(self.policies());
         };
+        // Taken before reading: a change made after it is seen by the next look.
+        self.policies.read_as(stamp(&settings.files));
         let files = read_files(&settings.files).map_err(GateError::BadInput)?;
         let set = PolicySet::load(files).map_err(|e| GateError::BadInput(e.to_string()))?;
         self.log_policy_set(&set).await?;
@@ -338,7 +350,9 @@ impl Gate {
 const WATCH_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// What the files look like (size and modification time of each), to notice a change.
-fn stamp(paths: &[PathBuf]) -> Vec<Option<(u64, std::time::SystemTime)>> {
+type Stamp = Vec<Option<(u64, std::time::SystemTime)>>;
+
+fn stamp(paths: &[PathBuf]) -> Stamp {
     paths
         .iter()
         .map(|p| {
@@ -356,7 +370,6 @@ impl Gate {
         let Some(settings) = self.settings.policy.clone() else {
             return;
         };
-        let mut seen = stamp(&settings.files);
         #[cfg(unix)]
         let mut hangup =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
@@ -376,11 +389,11 @@ impl Gate {
                 _ = shutdown.cancelled() => return,
                 _ = hup => "SIGHUP",
                 _ = tokio::time::sleep(WATCH_EVERY) => {
-                    let now = stamp(&settings.files);
-                    if now == seen {
+                    // Against the files as last read (at start or the last reload), so
+                    // a change between the start and this watcher's first look counts.
+                    if self.policies.last_read().as_ref() == Some(&stamp(&settings.files)) {
                         continue;
                     }
-                    seen = now;
                     "a policy file changed"
                 }
             };
