@@ -102,7 +102,11 @@ fn short(value: &Value) -> String {
     }
 }
 
-fn field<T: DeserializeOwned>(data: &Map<String, Value>, name: &str) -> Result<T, String> {
+/// Member `name` of an entry's data or payload, read as `T` (absent reads as null).
+pub(crate) fn field<T: DeserializeOwned>(
+    data: &Map<String, Value>,
+    name: &str,
+) -> Result<T, String> {
     // Read in place: the replay reads every entry's fields, so no copy of the value.
     T::deserialize(data.get(name).unwrap_or(&Value::Null))
         .map_err(|e| format!("its {name:?} does not read: {e}"))

@@ -173,18 +173,39 @@ impl ApprovalRequest {
         if verdict == Verdict::Approved {
             self.check_fields(&input.fields)?;
         }
-        let decision = Decision {
+        let decision = self.by_people(
+            verdict,
+            vec![by.as_approver(channel)],
+            comment,
+            input.fields,
+            now,
+            nonce,
+        );
+        Ok(self.signed(decision, signer))
+    }
+
+    /// A decision people made at `at` (`approvers` in the order they decided), valid for
+    /// the request's `valid_for_seconds` from then.
+    pub(crate) fn by_people(
+        &self,
+        verdict: Verdict,
+        approvers: Vec<Approver>,
+        comment: Option<String>,
+        fields: BTreeMap<String, String>,
+        at: Timestamp,
+        nonce: String,
+    ) -> Decision {
+        Decision {
             decision: verdict,
             authorization_type: AuthorizationType::Human,
-            approvers: vec![by.as_approver(channel)],
+            approvers,
             comment,
-            fields: input.fields,
-            decided_at: now,
-            valid_until: now.plus_seconds(self.valid_for_seconds),
+            fields,
+            decided_at: at,
+            valid_until: at.plus_seconds(self.valid_for_seconds),
             nonce,
             policy: None,
-        };
-        Ok(self.signed(decision, signer))
+        }
     }
 
     /// Refuses an approval whose reply fields leave out one the request asks for.

@@ -23,12 +23,12 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 
-use crate::decision::{Decision, Verdict};
+use crate::audit::field;
+use crate::decision::Verdict;
 use crate::error::{CoreError, NotCounted};
 use crate::event::{Event, EventKind};
 use crate::keys::Signer;
 use crate::principal::{Approver, Principal};
-use crate::proof::AuthorizationType;
 use crate::request::{ApprovalRequest, Limits, Status, Transition};
 use crate::time::Timestamp;
 
@@ -192,17 +192,14 @@ impl ApprovalRequest {
         }
         if vote.verdict == Verdict::Rejected {
             // Any rejection rejects; the approvals so far stay on the request.
-            let decision = Decision {
-                decision: Verdict::Rejected,
-                authorization_type: AuthorizationType::Human,
-                approvers: vec![vote.approver],
-                comment: vote.comment,
-                fields: vote.fields,
-                decided_at: vote.at,
-                valid_until: vote.at.plus_seconds(self.valid_for_seconds),
+            let decision = self.by_people(
+                Verdict::Rejected,
+                vec![vote.approver],
+                vote.comment,
+                vote.fields,
+                vote.at,
                 nonce,
-                policy: None,
-            };
+            );
             return Ok(self.signed(decision, signer));
         }
         if let Some(earlier) = self
@@ -229,17 +226,14 @@ impl ApprovalRequest {
         let mut approvers: Vec<Approver> =
             self.approvals.iter().map(|a| a.approver.clone()).collect();
         approvers.push(vote.approver);
-        let decision = Decision {
-            decision: Verdict::Approved,
-            authorization_type: AuthorizationType::Human,
+        let decision = self.by_people(
+            Verdict::Approved,
             approvers,
-            comment: vote.comment,
+            vote.comment,
             fields,
-            decided_at: vote.at,
-            valid_until: vote.at.plus_seconds(self.valid_for_seconds),
+            vote.at,
             nonce,
-            policy: None,
-        };
+        );
         Ok(self.signed(decision, signer))
     }
 
@@ -313,27 +307,20 @@ pub(crate) fn replay_approval(
     payload: &Map<String, Value>,
     at: Timestamp,
 ) -> Result<(), String> {
-    fn read<T: serde::de::DeserializeOwned>(
-        map: &Map<String, Value>,
-        name: &str,
-    ) -> Result<T, String> {
-        T::deserialize(map.get(name).unwrap_or(&Value::Null))
-            .map_err(|e| format!("its {name:?} does not read: {e}"))
-    }
     let Some(quorum) = &request.quorum else {
         return Err(format!("{} needs no quorum", request.id));
     };
     if request.status != Status::Pending {
         return Err(format!("{} is {}, not pending", request.id, request.status));
     }
-    let required: u32 = read(data, "required")?;
+    let required: u32 = field(data, "required")?;
     if required != quorum.required {
         return Err(format!(
             "it says {} approvals are required, the request needs {}",
             required, quorum.required
         ));
     }
-    let mut approvers: Vec<Approver> = read(data, "approvals")?;
+    let mut approvers: Vec<Approver> = field(data, "approvals")?;
     let Some(latest) = approvers.pop() else {
         return Err("it lists no approval".into());
     };
@@ -353,8 +340,8 @@ pub(crate) fn replay_approval(
     request.approvals.push(RecordedApproval {
         approver: latest,
         approved_at: at,
-        comment: read(payload, "comment")?,
-        fields: read::<Option<BTreeMap<String, String>>>(payload, "fields")?.unwrap_or_default(),
+        comment: field(payload, "comment")?,
+        fields: field::<Option<BTreeMap<String, String>>>(payload, "fields")?.unwrap_or_default(),
     });
     Ok(())
 }

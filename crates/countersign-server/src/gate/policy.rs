@@ -275,15 +275,13 @@ impl Gate {
         request: &ApprovalRequest,
         ruling: Ruling,
     ) -> Result<Transition, GateError> {
-        let signer = self.keys.signer();
-        Ok(request.decide_by_rule(
+        self.signed_by_rule(
+            request,
             ruling.verdict,
             AuthorizationType::Policy,
             ruling.policy,
             request.requested_at,
-            new_nonce()?,
-            &signer,
-        )?)
+        )
     }
 
     /// What a policy says a timeout becomes, for a request past its expiry; `None` when
@@ -319,11 +317,22 @@ impl Gate {
         kind: AuthorizationType,
         policy: PolicyRef,
     ) -> Result<ApprovalRequest, GateError> {
-        let signer = self.keys.signer();
-        let transition =
-            request.decide_by_rule(verdict, kind, policy, self.now(), new_nonce()?, &signer)?;
+        let transition = self.signed_by_rule(&request, verdict, kind, policy, self.now())?;
         // A person (or another instance) may have got there first.
         self.apply_or_winner(transition).await
+    }
+
+    /// A rule's decision of `request` at `at`, signed with this instance's key.
+    fn signed_by_rule(
+        &self,
+        request: &ApprovalRequest,
+        verdict: Verdict,
+        kind: AuthorizationType,
+        policy: PolicyRef,
+        at: Timestamp,
+    ) -> Result<Transition, GateError> {
+        let signer = self.keys.signer();
+        Ok(request.decide_by_rule(verdict, kind, policy, at, new_nonce()?, &signer)?)
     }
 
     /// The agent's requests pending now and made in the last hour.
