@@ -9,17 +9,15 @@
 //! Fail closed: a `forbid` that could not be evaluated (Cedar skips policies that error)
 //! keeps a request from being approved by policy; a person decides it.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
-use std::str::FromStr;
+use std::collections::BTreeMap;
 
-use cedar_policy::{
-    Authorizer, Context, Entities, Entity, EntityId, EntityTypeName, EntityUid,
-    RestrictedExpression,
-};
-use chrono::{DateTime, Datelike, Timelike, Utc};
+use cedar_policy::Authorizer;
+use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use crate::index::Literal;
+use crate::index::Indexed;
+use crate::prefilter::{Facts, Settled};
+use crate::request::{Known, cedar_request};
 use crate::requirements::Requirements;
 use crate::set::PolicySet;
 
@@ -83,6 +81,13 @@ impl PolicySet {
         self.evaluate_indexed(input, true)
     }
 
+    /// The same request evaluated by Cedar over every policy that names its action (or
+    /// none), without the index or countersign's own tests: what [`Self::evaluate`] must
+    /// always equal (the tests and the `policy_eval` fuzz target hold it to that).
+    pub fn evaluate_by_cedar_alone(&self, input: &Input<'_>) -> Evaluation {
+        self.evaluate_indexed(input, false)
+    }
+
     /// With `use_index: false`, every policy that may apply to the action is evaluated
     /// (the tests compare the two).
     fn evaluate_indexed(&self, input: &Input<'_>, use_index: bool) -> Evaluation {
@@ -91,34 +96,43 @@ impl PolicySet {
         if set.is_empty() {
             return no_match();
         }
-        let (request, entities) = match cedar_request(input, action_name) {
-            Ok(built) => built,
-            // Only a detail Cedar cannot represent gets here; people decide.
-            Err(e) => {
-                return Evaluation {
-                    outcome: Outcome::Person {
-                        policies: Vec::new(),
-                        requirements: Requirements::default(),
-                    },
-                    matched: Vec::new(),
-                    errors: vec![e],
-                };
+        // Only the policies the request may match (index.rs), and of those, the ones
+        // their tests do not settle (prefilter.rs) go to Cedar: the same answer as Cedar
+        // over every policy for the action, for much less work.
+        let selection = if use_index {
+            self.selected(set, input)
+        } else {
+            Selection {
+                cedar: set.every(),
+                matched: Vec::new(),
             }
         };
-        // Only the policies whose guard the request meets (index.rs); countersign reads
-        // which policies matched and which failed, so the parts' answers add up.
-        let authorizer = Authorizer::new();
-        let mut matched: Vec<String> = Vec::new();
+        let mut matched: Vec<String> = selection
+            .matched
+            .iter()
+            .filter_map(|&n| self.policies.get(n as usize))
+            .map(|p| p.id().to_string())
+            .collect();
         let mut errors: Vec<(String, String)> = Vec::new();
-        let unindexed;
-        let parts: Vec<&cedar_policy::PolicySet> = if use_index {
-            set.sets_for(|path| value_at(input, path)).collect()
-        } else {
-            unindexed = set.unindexed();
-            vec![&unindexed]
-        };
-        for part in parts {
-            let response = authorizer.is_authorized(&request, part, &entities);
+        if !selection.cedar.is_empty() {
+            let to_person = |e: String| Evaluation {
+                outcome: Outcome::Person {
+                    policies: Vec::new(),
+                    requirements: Requirements::default(),
+                },
+                matched: Vec::new(),
+                errors: vec![e],
+            };
+            let (request, entities) = match cedar_request(input, action_name) {
+                Ok(built) => built,
+                // Only a detail Cedar cannot represent gets here; people decide.
+                Err(e) => return to_person(e),
+            };
+            let part = match self.sets.get(&selection.cedar, &self.policies) {
+                Ok(part) => part,
+                Err(e) => return to_person(e),
+            };
+            let response = Authorizer::new().is_authorized(&request, &part, &entities);
             matched.extend(response.diagnostics().reason().map(|id| id.to_string()));
             errors.extend(response.diagnostics().errors().map(|e| {
                 let cedar_policy::AuthorizationError::PolicyEvaluationError(e) = e;
@@ -132,8 +146,7 @@ impl PolicySet {
             .map(|(id, e)| format!("{id}: {e}"))
             .collect::<Vec<_>>();
         let effect = |id: &str| self.info.get(id).map(|i| i.effect);
-        // Cedar names only the forbids that matched when one did; a part of the index
-        // without a forbid named its permits. Keep Cedar's answer for the whole set.
+        // Cedar names only the forbids that matched when one did.
         if matched.iter().any(|id| effect(id) == Some("forbid")) {
             matched.retain(|id| effect(id) == Some("forbid"));
         }
@@ -192,6 +205,37 @@ impl PolicySet {
     }
 }
 
+/// The policies of an action for one request: those only Cedar can settle, and those the
+/// tests settled as matching (by number, in order).
+pub(crate) struct Selection {
+    pub cedar: Vec<u32>,
+    pub matched: Vec<u32>,
+}
+
+impl PolicySet {
+    /// The request's policies: those whose guard it meets, less those whose tests it
+    /// fails, split into those the tests settle and those left to Cedar.
+    pub(crate) fn selected(&self, set: &Indexed, input: &Input<'_>) -> Selection {
+        let facts = Known::of(input);
+        let mut selection = Selection {
+            cedar: Vec::new(),
+            matched: Vec::new(),
+        };
+        for n in set.candidates(|path| facts.value(path)) {
+            let settled = self
+                .tests
+                .get(n as usize)
+                .map_or(Settled::Open, |tests| tests.settle(&facts));
+            match settled {
+                Settled::False => {}
+                Settled::True => selection.matched.push(n),
+                Settled::Open => selection.cedar.push(n),
+            }
+        }
+        selection
+    }
+}
+
 fn no_match() -> Evaluation {
     Evaluation {
         outcome: Outcome::NoMatch,
@@ -200,257 +244,11 @@ fn no_match() -> Evaluation {
     }
 }
 
-/// The entity types a request names.
-#[derive(Clone, Copy)]
-enum Type {
-    Agent,
-    Group,
-    Server,
-    Action,
-}
-
-/// `Type::"id"`. The type names are parsed once: Cedar parses a type name with its full
-/// parser each time (a few microseconds, several times a request).
-fn uid(ty: Type, id: &str) -> Result<EntityUid, String> {
-    static NAMES: std::sync::OnceLock<Result<[EntityTypeName; 4], String>> =
-        std::sync::OnceLock::new();
-    let names = NAMES
-        .get_or_init(|| {
-            let name = |n: &str| EntityTypeName::from_str(n).map_err(|e| e.to_string());
-            Ok([
-                name("Agent")?,
-                name("Group")?,
-                name("Server")?,
-                name("Action")?,
-            ])
-        })
-        .as_ref()
-        .map_err(Clone::clone)?;
-    let id = EntityId::from_str(id).map_err(|e| e.to_string())?;
-    Ok(EntityUid::from_type_name_and_id(
-        names[ty as usize].clone(),
-        id,
-    ))
-}
-
-/// `decimal("<text>")`, from a cache: Cedar parses the function's name each time it
-/// builds one (5 to 6 us, more than the rest of the request together). Per thread, and
-/// emptied when full, so it needs no lock and stays small.
-fn decimal(text: String) -> RestrictedExpression {
-    const MOST: usize = 4096;
-    thread_local! {
-        static BUILT: std::cell::RefCell<HashMap<String, RestrictedExpression>> =
-            std::cell::RefCell::new(HashMap::new());
-    }
-    BUILT.with(|built| {
-        let mut built = built.borrow_mut();
-        if let Some(expr) = built.get(&text) {
-            return expr.clone();
-        }
-        if built.len() >= MOST {
-            built.clear();
-        }
-        let expr = RestrictedExpression::new_decimal(&text);
-        built.insert(text, expr.clone());
-        expr
-    })
-}
-
-fn cedar_request(
-    input: &Input<'_>,
-    action: &str,
-) -> Result<(cedar_policy::Request, Entities), String> {
-    let principal = uid(Type::Agent, input.agent)?;
-    let parents: HashSet<EntityUid> = input
-        .groups
-        .iter()
-        .map(|g| uid(Type::Group, g))
-        .collect::<Result<_, _>>()?;
-    let agent = Entity::new(
-        principal.clone(),
-        HashMap::from([(
-            "name".to_string(),
-            RestrictedExpression::new_string(input.agent.to_string()),
-        )]),
-        parents,
-    )
-    .map_err(|e| e.to_string())?;
-    let resource = uid(Type::Server, input.resource)?;
-    let entities = Entities::from_entities(
-        [
-            agent,
-            Entity::new_no_attrs(resource.clone(), HashSet::new()),
-        ],
-        None,
-    )
-    .map_err(|e| e.to_string())?;
-
-    let mut text = Vec::new();
-    let mut numbers = Vec::new();
-    let mut decimals = Vec::new();
-    for (key, value) in input.details {
-        text.push((key.clone(), RestrictedExpression::new_string(value.clone())));
-        if let Some(n) = as_long(value) {
-            numbers.push((key.clone(), RestrictedExpression::new_long(n)));
-        }
-        if let Some(d) = as_decimal(value) {
-            decimals.push((key.clone(), decimal(d)));
-        }
-    }
-    let record = |pairs: Vec<(String, RestrictedExpression)>| {
-        RestrictedExpression::new_record(pairs).map_err(|e| e.to_string())
-    };
-    let fields = |pairs: Vec<(&str, Literal)>| {
-        record(
-            pairs
-                .into_iter()
-                .map(|(name, value)| (name.to_string(), value.expression()))
-                .collect(),
-        )
-    };
-    let time = fields(time_fields(input))?;
-    let agent_counts = fields(agent_fields(input))?;
-    let mut pairs = vec![
-        (
-            "description".to_string(),
-            RestrictedExpression::new_string(input.description.to_string()),
-        ),
-        ("input".to_string(), record(text)?),
-        ("number".to_string(), record(numbers)?),
-        ("decimal".to_string(), record(decimals)?),
-        ("time".to_string(), time),
-        ("agent".to_string(), agent_counts),
-        (
-            "gateway".to_string(),
-            RestrictedExpression::new_bool(input.gateway),
-        ),
-    ];
-    if let Some(room) = input.room {
-        pairs.push((
-            "room".to_string(),
-            RestrictedExpression::new_string(room.to_string()),
-        ));
-    }
-    let context = Context::from_pairs(pairs).map_err(|e| e.to_string())?;
-    let request = cedar_policy::Request::new(
-        principal,
-        uid(Type::Action, action)?,
-        resource,
-        context,
-        None,
-    )
-    .map_err(|e| e.to_string())?;
-    Ok((request, entities))
-}
-
-/// The value the request's context has at `path` (`["room"]`, `["input", "env"]`), as
-/// [`cedar_request`] puts it there; `None` where it has none (or one no guard compares).
-fn value_at(input: &Input<'_>, path: &[String]) -> Option<Literal> {
-    let field = |fields: Vec<(&str, Literal)>, key: &str| {
-        fields
-            .into_iter()
-            .find(|(name, _)| *name == key)
-            .map(|(_, v)| v)
-    };
-    match path {
-        [one] => match one.as_str() {
-            "description" => Some(Literal::Str(input.description.to_string())),
-            "room" => input.room.map(|r| Literal::Str(r.to_string())),
-            "gateway" => Some(Literal::Bool(input.gateway)),
-            _ => None,
-        },
-        [record, key] => match record.as_str() {
-            "input" => input.details.get(key).map(|v| Literal::Str(v.clone())),
-            "number" => input
-                .details
-                .get(key)
-                .and_then(|v| as_long(v))
-                .map(Literal::Long),
-            "time" => field(time_fields(input), key),
-            "agent" => field(agent_fields(input), key),
-            _ => None,
-        },
-        _ => None,
-    }
-}
-
-/// `context.time`: the request's time in the configured zone.
-fn time_fields(input: &Input<'_>) -> Vec<(&'static str, Literal)> {
-    let local = input.now.with_timezone(&input.zone);
-    let long = |n: u32| Literal::Long(i64::from(n));
-    vec![
-        ("hour", long(local.hour())),
-        ("minute", long(local.minute())),
-        ("weekday", long(local.weekday().number_from_monday())),
-        ("date", Literal::Str(local.format("%Y-%m-%d").to_string())),
-        ("zone", Literal::Str(input.zone.name().to_string())),
-    ]
-}
-
-/// `context.agent`: the agent's requests waiting now and made in the last hour.
-fn agent_fields(input: &Input<'_>) -> Vec<(&'static str, Literal)> {
-    let count = |n: u64| Literal::Long(i64::try_from(n).unwrap_or(i64::MAX));
-    vec![
-        ("pending", count(input.pending)),
-        ("recent", count(input.recent)),
-    ]
-}
-
-/// A whole number, written plainly ("250", "-3"; not "+3", "007" or "1e3").
-fn as_long(s: &str) -> Option<i64> {
-    let digits = s.strip_prefix('-').unwrap_or(s);
-    let plain = !digits.is_empty()
-        && digits.bytes().all(|b| b.is_ascii_digit())
-        && (digits == "0" || !digits.starts_with('0'));
-    if plain { s.parse().ok() } else { None }
-}
-
-/// Cedar's decimal: at most four places, within i64 at that scale. Whole numbers count
-/// ("250" is `decimal("250.0")`), so one comparison covers "250" and "249.99".
-fn as_decimal(s: &str) -> Option<String> {
-    let (whole, frac) = match s.split_once('.') {
-        Some((w, f)) => (w, f),
-        None => (s, "0"),
-    };
-    as_long(whole).or_else(|| (whole == "-0").then_some(0))?;
-    if frac.is_empty() || frac.len() > 4 || !frac.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    let text = format!("{whole}.{frac}");
-    // Cedar refuses values outside its range; check here so that evaluation never fails.
-    let scaled = format!("{whole}{frac:0<4}");
-    scaled.parse::<i64>().ok()?;
-    Some(text)
-}
-
 #[cfg(test)]
 mod tests {
-    use super::*;
+    use std::collections::HashSet;
 
-    #[test]
-    fn numbers_are_recognised_plainly() {
-        assert_eq!(as_long("250"), Some(250));
-        assert_eq!(as_long("-3"), Some(-3));
-        assert_eq!(as_long("0"), Some(0));
-        for not in [
-            "",
-            "-",
-            "+3",
-            "007",
-            "1e3",
-            "12.5",
-            " 4",
-            "99999999999999999999",
-        ] {
-            assert_eq!(as_long(not), None, "{not:?}");
-        }
-        assert_eq!(as_decimal("12.50").as_deref(), Some("12.50"));
-        assert_eq!(as_decimal("250").as_deref(), Some("250.0"));
-        assert_eq!(as_decimal("-0.5").as_deref(), Some("-0.5"));
-        for not in ["1.23456", "1.", ".5", "abc", "922337203685478.0"] {
-            assert_eq!(as_decimal(not), None, "{not:?}");
-        }
-    }
+    use super::*;
 
     /// A small deterministic generator, so a failure names the case that made it.
     struct Lcg(u64);
@@ -467,9 +265,9 @@ mod tests {
 
     fn mixed_policies() -> String {
         let mut text = String::new();
-        for i in 0..120u64 {
+        for i in 0..160u64 {
             let tool = i % 6;
-            let policy = match i % 8 {
+            let policy = match i % 9 {
                 // Guarded by the room (an optional attribute, tested first).
                 0 => format!(
                     "forbid(principal, action, resource) when {{ context has room && context.room == \"r{}\" }};",
@@ -491,7 +289,7 @@ mod tests {
                 // surface exactly as without the index.
                 4 => format!(
                     "forbid(principal, action == Action::\"t{tool}\", resource) when {{ context.number has n && context.number.n == {} && context.number.n + 9223372036854775000 > 0 }};",
-                    [5, 900, 9000][(i % 3) as usize]
+                    [5, 900, 9000][((i / 9) % 3) as usize]
                 ),
                 // Guarded by a number, and by the agent's count.
                 5 => format!(
@@ -503,6 +301,29 @@ mod tests {
                     i % 2,
                     i % 3
                 ),
+                // Thresholds, the literal on either side; and a decimal, after `has`.
+                7 => match (i / 9) % 4 {
+                    0 => format!(
+                        "permit(principal, action == Action::\"t{tool}\", resource) when {{ context.number has n && context.number.n < {} }};",
+                        i % 13
+                    ),
+                    1 => format!(
+                        "@timeout_hours(\"2\") permit(principal == Agent::\"bot{}\", action, resource) when {{ {} <= context.time.hour && context.description like \"*drop*\" }};",
+                        i % 2,
+                        i % 24
+                    ),
+                    2 => format!(
+                        "forbid(principal, action, resource == Server::\"s{}\") when {{ context.decimal has n && context.decimal.n.greaterThanOrEqual(decimal(\"{}.5\")) }};",
+                        i % 2,
+                        i % 12
+                    ),
+                    // Two thresholds-and-equalities in a row, under a group.
+                    _ => format!(
+                        "permit(principal in Group::\"g{}\", action, resource) when {{ context.number has n && context.number.n > {} && context.input has env && context.input.env == \"e1\" }};",
+                        i % 3,
+                        i % 10
+                    ),
+                },
                 // No guard.
                 _ => "permit(principal, action, resource) when { context.number has n && context.number.n < 4 };".to_string(),
             };
@@ -510,6 +331,41 @@ mod tests {
             text.push('\n');
         }
         text
+    }
+
+    #[test]
+    fn an_action_named_twice_is_one_action() {
+        // Found by the policy_eval fuzz target: the policy was listed twice for the
+        // action, and Cedar refused the set it was put in twice.
+        let set = PolicySet::load(vec![crate::PolicyFile {
+            name: "twice.cedar".into(),
+            text: r#"permit(principal, action in [Action::"t", Action::"t"], resource) unless { context.gateway };"#.into(),
+        }])
+        .unwrap();
+        let details = BTreeMap::new();
+        let input = Input {
+            agent: "bot",
+            groups: &[],
+            tool: Some("t"),
+            resource: crate::RESOURCE,
+            gateway: false,
+            description: "",
+            details: &details,
+            room: None,
+            now: DateTime::<Utc>::from_timestamp(1_764_547_200, 0).unwrap(),
+            zone: chrono_tz::UTC,
+            pending: 0,
+            recent: 0,
+        };
+        for evaluation in [set.evaluate(&input), set.evaluate_by_cedar_alone(&input)] {
+            assert_eq!(
+                evaluation.outcome,
+                Outcome::Approve {
+                    policy: "twice.cedar#1".into()
+                }
+            );
+            assert!(evaluation.errors.is_empty(), "{:?}", evaluation.errors);
+        }
     }
 
     #[test]
@@ -522,6 +378,7 @@ mod tests {
         let mut rng = Lcg(7);
         let mut outcomes = HashSet::new();
         let mut skipped = 0usize;
+        let mut settled = 0usize;
         for case in 0..3000 {
             let tool = format!("t{}", rng.below(8));
             let mut details = BTreeMap::new();
@@ -530,8 +387,11 @@ mod tests {
             }
             match rng.below(5) {
                 0 => {}
-                1 => {
+                1 if rng.below(2) == 0 => {
                     details.insert("n".to_string(), "9000".to_string());
+                }
+                1 => {
+                    details.insert("n".to_string(), format!("{}.75", rng.below(13)));
                 }
                 2 => {
                     details.insert("n".to_string(), "not a number".to_string());
@@ -549,11 +409,13 @@ mod tests {
             };
             let now = DateTime::<Utc>::from_timestamp(1_764_547_200 + rng.below(86_400) as i64, 0)
                 .unwrap();
+            let agent = format!("bot{}", rng.below(3));
+            let resource = format!("s{}", rng.below(3));
             let input = Input {
-                agent: "bot",
+                agent: &agent,
                 groups: &groups,
                 tool: (rng.below(5) > 0).then_some(tool.as_str()),
-                resource: crate::RESOURCE,
+                resource: &resource,
                 gateway: rng.below(2) == 0,
                 description,
                 details: &details,
@@ -570,11 +432,9 @@ mod tests {
             outcomes.insert(format!("errors:{}", indexed.errors.is_empty()));
             let action = input.tool.unwrap_or(crate::DEFAULT_ACTION);
             let part = set.by_action.get(action).unwrap_or(&set.any_action);
-            let evaluated: usize = part
-                .sets_for(|path| value_at(&input, path))
-                .map(|s| s.policies().count())
-                .sum();
-            skipped += part.unindexed().policies().count() - evaluated;
+            let selection = set.selected(part, &input);
+            skipped += part.every().len() - selection.cedar.len();
+            settled += selection.matched.len();
         }
         // The cases reach every outcome, with and without failing policies, and the
         // index did skip policies (else this would compare a set with itself).
@@ -582,6 +442,11 @@ mod tests {
         assert!(
             skipped > 3000 * 20,
             "only {skipped} policy evaluations skipped"
+        );
+        // And settled many matches without Cedar (else only Cedar was compared).
+        assert!(
+            settled > 3000,
+            "only {settled} matches settled without Cedar"
         );
     }
 }

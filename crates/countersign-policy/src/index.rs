@@ -17,6 +17,7 @@
 //! else is evaluated as always.
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
 
 use serde_json::Value;
 
@@ -69,7 +70,7 @@ pub(crate) fn guard_of(est: &Value) -> Option<Guard> {
 }
 
 /// `a && b && c`, parsed as `(a && b) && c`, in the order Cedar evaluates them.
-fn flatten_and<'a>(expr: &'a Value, out: &mut Vec<&'a Value>) {
+pub(crate) fn flatten_and<'a>(expr: &'a Value, out: &mut Vec<&'a Value>) {
     match expr.get("&&") {
         Some(and) => match (and.get("left"), and.get("right")) {
             (Some(left), Some(right)) => {
@@ -105,7 +106,7 @@ fn equality(expr: &Value) -> Option<Guard> {
 }
 
 /// The attribute path of `context.a.b` (empty for `context` itself).
-fn path_of(expr: Option<&Value>) -> Option<Vec<String>> {
+pub(crate) fn path_of(expr: Option<&Value>) -> Option<Vec<String>> {
     let expr = expr?;
     if expr.get("Var").and_then(Value::as_str) == Some("context") {
         return Some(Vec::new());
@@ -116,7 +117,7 @@ fn path_of(expr: Option<&Value>) -> Option<Vec<String>> {
     Some(path)
 }
 
-fn literal_of(expr: &Value) -> Option<Literal> {
+pub(crate) fn literal_of(expr: &Value) -> Option<Literal> {
     match expr.get("Value")? {
         Value::String(s) => Some(Literal::Str(s.clone())),
         Value::Bool(b) => Some(Literal::Bool(*b)),
@@ -125,21 +126,21 @@ fn literal_of(expr: &Value) -> Option<Literal> {
     }
 }
 
-/// A set split by guards: the policies evaluated for every request, and per guarded
-/// path, the policies for each literal.
+/// Policies (by their number in the set) split by guards: those that may apply to every
+/// request, and per guarded path, those for each literal.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Indexed {
-    pub always: cedar_policy::PolicySet,
+    pub always: Vec<u32>,
     pub guarded: Vec<GuardedPath>,
 }
 
 #[derive(Debug, Clone)]
 pub(crate) struct GuardedPath {
     pub path: Vec<String>,
-    pub by_literal: HashMap<Literal, cedar_policy::PolicySet>,
+    pub by_literal: HashMap<Literal, Vec<u32>>,
     /// All of them: for a request that has no value at the path (Cedar then fails or
     /// skips them as it would without the index).
-    pub all: cedar_policy::PolicySet,
+    pub all: Vec<u32>,
 }
 
 impl Indexed {
@@ -147,15 +148,12 @@ impl Indexed {
         self.always.is_empty() && self.guarded.is_empty()
     }
 
-    /// Adds a policy, under its guard if it has one.
-    pub fn add(
-        &mut self,
-        policy: &cedar_policy::Policy,
-        guard: Option<&Guard>,
-    ) -> Result<(), String> {
-        let failed = |e: cedar_policy::PolicySetError| e.to_string();
+    /// Adds a policy, under its guard if it has one. Policies are added in the order of
+    /// their numbers, so every list stays sorted.
+    pub fn add(&mut self, policy: u32, guard: Option<&Guard>) {
         let Some(guard) = guard else {
-            return self.always.add(policy.clone()).map_err(failed);
+            self.always.push(policy);
+            return;
         };
         let at = match self.guarded.iter().position(|g| g.path == guard.path) {
             Some(at) => at,
@@ -163,48 +161,83 @@ impl Indexed {
                 self.guarded.push(GuardedPath {
                     path: guard.path.clone(),
                     by_literal: HashMap::new(),
-                    all: cedar_policy::PolicySet::new(),
+                    all: Vec::new(),
                 });
                 self.guarded.len() - 1
             }
         };
         let path = &mut self.guarded[at];
-        path.all.add(policy.clone()).map_err(failed)?;
+        path.all.push(policy);
         path.by_literal
             .entry(guard.literal.clone())
             .or_default()
-            .add(policy.clone())
-            .map_err(failed)
+            .push(policy);
     }
 
-    /// Every policy in one set, unindexed (what the tests hold the index to): a guarded
-    /// policy is in its one path's `all`.
-    pub fn unindexed(&self) -> cedar_policy::PolicySet {
+    /// Every policy, unindexed (what the tests hold the index to), in order.
+    pub fn every(&self) -> Vec<u32> {
         let mut every = self.always.clone();
         for path in &self.guarded {
-            for policy in path.all.policies() {
-                // Ids are unique across the set, so nothing is added twice.
-                let _ = every.add(policy.clone());
-            }
+            every.extend(&path.all);
         }
+        every.sort_unstable();
+        every.dedup();
         every
     }
 
-    /// The sets to evaluate for a request whose context value at a path is `value_at`.
-    pub fn sets_for(
+    /// The policies whose guard a request meets, whose context value at a path is
+    /// `value_at`, in order.
+    pub fn candidates(&self, value_at: impl Fn(&[String]) -> Option<Literal>) -> Vec<u32> {
+        let mut candidates = self.always.clone();
+        for path in &self.guarded {
+            match value_at(&path.path) {
+                Some(value) => {
+                    if let Some(policies) = path.by_literal.get(&value) {
+                        candidates.extend(policies);
+                    }
+                }
+                None => candidates.extend(&path.all),
+            }
+        }
+        candidates.sort_unstable();
+        candidates.dedup();
+        candidates
+    }
+}
+
+/// The Cedar sets made of the policies requests selected, kept for the next request that
+/// selects the same ones (requests of one kind select the same few). Bounded: emptied
+/// when full.
+#[derive(Debug, Default)]
+pub(crate) struct SetCache(Mutex<HashMap<Vec<u32>, Arc<cedar_policy::PolicySet>>>);
+
+impl SetCache {
+    const MOST: usize = 4096;
+
+    /// The set of these policies (numbers into `policies`).
+    pub fn get(
         &self,
-        value_at: impl Fn(&[String]) -> Option<Literal>,
-    ) -> impl Iterator<Item = &cedar_policy::PolicySet> {
-        let guarded = self
-            .guarded
-            .iter()
-            .filter_map(move |g| match value_at(&g.path) {
-                Some(value) => g.by_literal.get(&value),
-                None => Some(&g.all),
-            });
-        std::iter::once(&self.always)
-            .chain(guarded)
-            .filter(|set| !set.is_empty())
+        selected: &[u32],
+        policies: &[cedar_policy::Policy],
+    ) -> Result<Arc<cedar_policy::PolicySet>, String> {
+        let lock = || self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(set) = lock().get(selected) {
+            return Ok(set.clone());
+        }
+        let mut set = cedar_policy::PolicySet::new();
+        for &n in selected {
+            let policy = policies
+                .get(n as usize)
+                .ok_or_else(|| format!("no policy number {n}"))?;
+            set.add(policy.clone()).map_err(|e| e.to_string())?;
+        }
+        let set = Arc::new(set);
+        let mut sets = lock();
+        if sets.len() >= Self::MOST {
+            sets.clear();
+        }
+        sets.insert(selected.to_vec(), set.clone());
+        Ok(set)
     }
 }
 

@@ -15,6 +15,8 @@
 mod error;
 mod eval;
 mod index;
+mod prefilter;
+mod request;
 mod requirements;
 mod schema;
 mod set;

@@ -2,13 +2,15 @@
 //! schema it was validated against, and the digest that names this exact version.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
 
 use cedar_policy::{ActionConstraint, Effect, PolicyId, ValidationMode, Validator};
 use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::PolicyError;
-use crate::index::{Indexed, guard_of};
+use crate::index::{Indexed, SetCache, guard_of};
+use crate::prefilter::{Tests, tests_of};
 use crate::requirements::Requirements;
 use crate::schema;
 
@@ -49,6 +51,11 @@ pub struct PolicySet {
     pub(crate) by_action: HashMap<String, Indexed>,
     /// The policies that name no action: all that may apply to an action no policy names.
     pub(crate) any_action: Indexed,
+    /// Every policy by its number (what the index lists), with Cedar's ids.
+    pub(crate) policies: Arc<Vec<cedar_policy::Policy>>,
+    /// Each policy's leading tests, settled without Cedar (`prefilter.rs`).
+    pub(crate) tests: Arc<Vec<Tests>>,
+    pub(crate) sets: Arc<SetCache>,
     /// Whether a policy reads `context.agent` (the caller then counts the agent's
     /// requests; otherwise it need not).
     reads_agent: bool,
@@ -64,6 +71,9 @@ impl PolicySet {
             info: HashMap::new(),
             by_action: HashMap::new(),
             any_action: Indexed::default(),
+            policies: Arc::default(),
+            tests: Arc::default(),
+            sets: Arc::default(),
             reads_agent: false,
         }
     }
@@ -157,6 +167,7 @@ impl PolicySet {
         let mut keys = BTreeSet::new();
         let mut reads_agent = false;
         let mut guards = Vec::with_capacity(policies.len());
+        let mut tests = Vec::with_capacity(policies.len());
         for policy in &policies {
             for uid in action_names(&policy.action_constraint()) {
                 actions.insert(uid);
@@ -167,6 +178,7 @@ impl PolicySet {
             detail_keys(&est, &mut keys);
             reads_agent |= reads_context(&est, "agent");
             guards.push(guard_of(&est));
+            tests.push(tests_of(policy, &est));
         }
         let schema_text = schema::generate(&actions, &keys);
         let (schema, _) = cedar_policy::Schema::from_cedarschema_str(&schema_text)
@@ -179,20 +191,21 @@ impl PolicySet {
             by_action.insert(action.clone(), Indexed::default());
         }
         let invalid = |e: String| PolicyError::Validation(one_line(&e));
-        for (policy, guard) in policies.iter().zip(&guards) {
+        for (n, (policy, guard)) in policies.iter().zip(&guards).enumerate() {
             all.add(policy.clone())
                 .map_err(|e| invalid(e.to_string()))?;
+            let n = u32::try_from(n).map_err(|_| invalid("too many policies".into()))?;
             let guard = guard.as_ref();
             let named = action_names(&policy.action_constraint());
             if matches!(policy.action_constraint(), ActionConstraint::Any) {
-                any_action.add(policy, guard).map_err(invalid)?;
+                any_action.add(n, guard);
                 for set in by_action.values_mut() {
-                    set.add(policy, guard).map_err(invalid)?;
+                    set.add(n, guard);
                 }
             } else {
                 for action in named {
                     if let Some(set) = by_action.get_mut(&action) {
-                        set.add(policy, guard).map_err(invalid)?;
+                        set.add(n, guard);
                     }
                 }
             }
@@ -225,6 +238,9 @@ impl PolicySet {
             info,
             by_action,
             any_action,
+            policies: Arc::new(policies),
+            tests: Arc::new(tests),
+            sets: Arc::default(),
             reads_agent,
         })
     }
@@ -279,9 +295,12 @@ fn action_names(constraint: &ActionConstraint) -> Vec<String> {
         ActionConstraint::Eq(uid) => vec![uid.clone()],
         ActionConstraint::In(uids) => uids.clone(),
     };
-    uids.iter()
+    // `action in [Action::"a", Action::"a"]` names one action.
+    let names: BTreeSet<String> = uids
+        .iter()
         .map(|uid| uid.id().unescaped().to_string())
-        .collect()
+        .collect();
+    names.into_iter().collect()
 }
 
 /// Collects the keys read from `context.input`, `context.number` or `context.decimal`
