@@ -17,6 +17,7 @@ pub mod bundle_verify;
 pub mod checkpoint;
 pub mod log_entry;
 pub mod merkle;
+pub mod policy_eval;
 pub mod proof_verify;
 pub mod server;
 pub mod server_inputs;
@@ -35,4 +36,5 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("server_inputs", server_inputs::run),
     ("server_rest", server_rest::run),
     ("server_mcp", server_mcp::run),
+    ("policy_eval", policy_eval::run),
 ];
