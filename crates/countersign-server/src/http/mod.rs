@@ -215,7 +215,9 @@ pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken)
 }
 
 /// Routes that need `scope`: a caller whose credential lacks it gets 403 before the
-/// handler runs. Every route under `/api/v1` and `/ui/api` is in one such group.
+/// handler runs. Every route under `/api/v1`, and the `/ui/api` routes both surfaces
+/// share, is in one such group; the dashboard's own routes take a session only and
+/// check its role by extractor.
 fn scoped(scope: Scope, routes: Router<AppState>) -> Router<AppState> {
     routes.route_layer(CheckLayer(auth::RequireScope(scope)))
 }
