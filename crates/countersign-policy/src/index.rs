@@ -206,13 +206,22 @@ impl Indexed {
 }
 
 /// The Cedar sets made of the policies requests selected, kept for the next request that
-/// selects the same ones (requests of one kind select the same few). Bounded: emptied
-/// when full.
+/// selects the same ones (requests of one kind select the same few). Bounded by sets and
+/// by the policies they hold together (each holds its own copy of its policies' text):
+/// emptied when full.
 #[derive(Debug, Default)]
-pub(crate) struct SetCache(Mutex<HashMap<Vec<u32>, Arc<cedar_policy::PolicySet>>>);
+pub(crate) struct SetCache(Mutex<Sets>);
+
+#[derive(Debug, Default)]
+struct Sets {
+    by_selection: HashMap<Vec<u32>, Arc<cedar_policy::PolicySet>>,
+    /// The policies the sets hold, together.
+    held: usize,
+}
 
 impl SetCache {
-    const MOST: usize = 4096;
+    const MOST_SETS: usize = 4096;
+    const MOST_POLICIES: usize = 65_536;
 
     /// The set of these policies (numbers into `policies`).
     pub fn get(
@@ -221,7 +230,7 @@ impl SetCache {
         policies: &[cedar_policy::Policy],
     ) -> Result<Arc<cedar_policy::PolicySet>, String> {
         let lock = || self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(set) = lock().get(selected) {
+        if let Some(set) = lock().by_selection.get(selected) {
             return Ok(set.clone());
         }
         let mut set = cedar_policy::PolicySet::new();
@@ -232,11 +241,21 @@ impl SetCache {
             set.add(policy.clone()).map_err(|e| e.to_string())?;
         }
         let set = Arc::new(set);
-        let mut sets = lock();
-        if sets.len() >= Self::MOST {
-            sets.clear();
-        }
-        sets.insert(selected.to_vec(), set.clone());
+        let emptied = {
+            let mut sets = lock();
+            let full = sets.by_selection.len() >= Self::MOST_SETS
+                || sets.held + selected.len() > Self::MOST_POLICIES;
+            let emptied = if full {
+                std::mem::take(&mut *sets)
+            } else {
+                Sets::default()
+            };
+            sets.held += selected.len();
+            sets.by_selection.insert(selected.to_vec(), set.clone());
+            emptied
+        };
+        // Freed outside the lock: thousands of sets take a while to drop.
+        drop(emptied);
         Ok(set)
     }
 }
@@ -255,6 +274,42 @@ mod tests {
             path: path.iter().map(|s| s.to_string()).collect(),
             literal,
         })
+    }
+
+    #[test]
+    fn the_set_cache_stays_bounded_and_gives_the_selected_policies() {
+        let policies: Vec<cedar_policy::Policy> = (0..13)
+            .map(|n| {
+                let text = format!(
+                    "permit(principal, action, resource) when {{ context.number.n == {n} }};"
+                );
+                let policy: cedar_policy::Policy = text.parse().unwrap();
+                policy.new_id(cedar_policy::PolicyId::new(format!("p{n}")))
+            })
+            .collect();
+        let cache = SetCache::default();
+        for mask in 1u32..5000 {
+            let selected: Vec<u32> = (0..13).filter(|bit| mask & (1 << bit) != 0).collect();
+            let set = cache.get(&selected, &policies).unwrap();
+            let mut ids: Vec<String> = set.policies().map(|p| p.id().to_string()).collect();
+            ids.sort_by_key(|id| id[1..].parse::<u32>().unwrap());
+            let want: Vec<String> = selected.iter().map(|n| format!("p{n}")).collect();
+            assert_eq!(ids, want);
+            let sets = cache.0.lock().unwrap();
+            assert!(sets.by_selection.len() <= SetCache::MOST_SETS);
+            assert!(sets.held <= SetCache::MOST_POLICIES);
+            assert_eq!(
+                sets.held,
+                sets.by_selection.keys().map(Vec::len).sum::<usize>()
+            );
+        }
+        // The second time, the same set comes from the cache.
+        let again = cache.get(&[4999 % 13], &policies).unwrap();
+        assert!(Arc::ptr_eq(
+            &again,
+            &cache.get(&[4999 % 13], &policies).unwrap()
+        ));
+        assert!(cache.get(&[13], &policies).is_err(), "no policy 13");
     }
 
     #[test]
