@@ -204,6 +204,22 @@ impl Store for PostgresStore {
         }
     }
 
+    async fn create_decided(
+        &self,
+        created: &SealedTransition,
+        decided: &SealedTransition,
+    ) -> Result<Created> {
+        let write = Write::CreateDecided(
+            TransitionRow::of(created)?,
+            Box::new(TransitionRow::of(decided)?),
+        );
+        match self.write(write).await? {
+            Outcome::CreatedDecided => Ok(Created::New(decided.request.clone())),
+            Outcome::Created(Inserted::Existing(existing)) => Ok(Created::Existing(*existing)),
+            _ => Err(unexpected("create_decided")),
+        }
+    }
+
     async fn get_request(&self, id: &str) -> Result<Option<ApprovalRequest>> {
         let rows = self
             .pool

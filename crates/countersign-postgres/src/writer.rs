@@ -47,6 +47,9 @@ use crate::tokens::{self, NewToken, Revocation};
 /// A write that appends an event (or, for `Check`, proves that one could).
 pub(crate) enum Write {
     CreateRequest(TransitionRow),
+    /// A new request and its decision (a policy's), in one transaction: the request's
+    /// insert, then, only if it inserted, the decision's update.
+    CreateDecided(TransitionRow, Box<TransitionRow>),
     Apply(TransitionRow),
     AppendEvent(EventRow),
     CreateToken(NewToken),
@@ -61,6 +64,8 @@ pub(crate) enum Write {
 /// What a write did, when it succeeded.
 pub(crate) enum Outcome {
     Created(Inserted),
+    /// `CreateDecided` wrote both.
+    CreatedDecided,
     Applied,
     Appended(u64),
     TokenCreated,
@@ -112,6 +117,7 @@ impl Write {
     fn op(&self) -> &'static str {
         match self {
             Write::CreateRequest(_) => "insert a request",
+            Write::CreateDecided(..) => "insert a request and its decision",
             Write::Apply(_) => "update a request",
             Write::AppendEvent(_) => "append an event",
             Write::CreateToken(_) => "insert a token",
@@ -123,7 +129,8 @@ impl Write {
 
     fn statement<'a>(&self, statements: &'a Statements) -> &'a Statement {
         match self {
-            Write::CreateRequest(_) => &statements.insert_request,
+            // A composite write's first statement (`transaction` runs the second).
+            Write::CreateRequest(_) | Write::CreateDecided(..) => &statements.insert_request,
             Write::Apply(_) => &statements.apply,
             Write::AppendEvent(_) => &statements.append,
             Write::CreateToken(_) => &statements.insert_token,
@@ -138,7 +145,9 @@ impl Write {
 
     fn params(&self) -> Vec<Param<'_>> {
         match self {
-            Write::CreateRequest(row) | Write::Apply(row) => row.params(),
+            Write::CreateRequest(row) | Write::Apply(row) | Write::CreateDecided(row, _) => {
+                row.params()
+            }
             Write::AppendEvent(event) => event.params(),
             Write::CreateToken(token) => token.params(),
             Write::RevokeToken(revocation) => revocation.params(),
@@ -149,7 +158,9 @@ impl Write {
 
     fn decode(&self, row: &Row) -> Decoded {
         match self {
-            Write::CreateRequest(r) => requests::decode_insert(&r.request.id, row),
+            Write::CreateRequest(r) | Write::CreateDecided(r, _) => {
+                requests::decode_insert(&r.request.id, row)
+            }
             Write::Apply(r) => requests::decode_apply(&r.request.id, row),
             Write::AppendEvent(_) => match events::written_seq(row) {
                 Ok(Some(seq)) => Decoded::wrote(seq, Outcome::Appended(seq)),
@@ -359,6 +370,70 @@ async fn run(target: Target, mut batches: Batches<Job>, split_batches: Arc<Atomi
     }
 }
 
+/// One write's statements in the open transaction, and what they did.
+async fn run_write(session: &Session, write: &Write) -> Result<Decoded, Failed> {
+    let first = query_one(
+        session,
+        write,
+        write.statement(&session.statements),
+        write.params(),
+    )
+    .await?;
+    let decoded = write.decode(&first);
+    let Write::CreateDecided(_, decided) = write else {
+        return Ok(decoded);
+    };
+    // The decision only if the request was inserted: an idempotent repeat returns the
+    // request that was there, and a taken id is refused, both with nothing written.
+    if decoded.poisoned || !matches!(decoded.result, Ok(Outcome::Created(Inserted::New))) {
+        return Ok(decoded);
+    }
+    let second = query_one(session, write, &session.statements.apply, decided.params()).await?;
+    let applied = requests::decode_apply(&decided.request.id, &second);
+    Ok(match applied.result {
+        Ok(_) if !applied.poisoned => Decoded {
+            seq: applied.seq,
+            result: Ok(Outcome::CreatedDecided),
+            poisoned: false,
+        },
+        // Nothing else can have touched a request this transaction just inserted; if the
+        // decision was not written all the same, the request must not be either: the
+        // batch does not commit.
+        Ok(_) => Decoded::failed(missing()),
+        Err(err) => Decoded::failed(err),
+    })
+}
+
+/// Runs one statement of `write`, which must return one row.
+async fn query_one(
+    session: &Session,
+    write: &Write,
+    statement: &Statement,
+    params: Vec<Param<'_>>,
+) -> Result<Row, Failed> {
+    let rows = session
+        .client
+        .query(statement, &params)
+        .await
+        .map_err(|e| {
+            let err = write.error(&e);
+            // A lost connection concerns every write; anything else is this one's.
+            if classify(&e) == Failure::Unreachable {
+                Failed::Batch(err)
+            } else {
+                Failed::Job(err)
+            }
+        })?;
+    match <[Row; 1]>::try_from(rows) {
+        Ok([row]) => Ok(row),
+        Err(rows) => Err(Failed::Job(StoreError::Backend(format!(
+            "{}: the statement returned {} rows instead of 1",
+            write.op(),
+            rows.len()
+        )))),
+    }
+}
+
 fn missing() -> StoreError {
     StoreError::Backend("internal error: a write got no result".into())
 }
@@ -415,33 +490,13 @@ async fn transaction(
         ))));
     }
 
-    // 2. Every write's statement, sent together.
-    let params: Vec<Vec<Param<'_>>> = writes.iter().map(|w| w.params()).collect();
-    let sent = writes.iter().zip(&params).map(|(write, params)| {
-        session
-            .client
-            .query(write.statement(&session.statements), params)
-    });
+    // 2. Every write's statement, sent together (a composite write's second statement
+    //    follows its first's answer).
+    let sent = writes.iter().map(|write| run_write(session, write));
     let answers = join_all(sent).await;
     let mut decoded = Vec::with_capacity(writes.len());
-    for (write, answer) in writes.iter().zip(answers) {
-        let rows = answer.map_err(|e| {
-            let err = write.error(&e);
-            // A lost connection concerns every write; anything else is this one's.
-            if classify(&e) == Failure::Unreachable {
-                Failed::Batch(err)
-            } else {
-                Failed::Job(err)
-            }
-        })?;
-        let [row] = rows.as_slice() else {
-            return Err(Failed::Job(StoreError::Backend(format!(
-                "{}: the statement returned {} rows instead of 1",
-                write.op(),
-                rows.len()
-            ))));
-        };
-        let one = write.decode(row);
+    for answer in answers {
+        let one = answer?;
         if one.poisoned {
             return Err(Failed::Job(one.result.err().unwrap_or_else(missing)));
         }

@@ -133,8 +133,9 @@ pub trait Store: Send + Sync + 'static {
     /// (then theirs). With an idempotency key already used, returns the existing request
     /// and writes nothing, as [`Store::create_request`].
     ///
-    /// A backend should write both in one transaction (the SQLite store does); this
-    /// default writes them one after the other, which is correct but costs two commits.
+    /// A backend should write both in one transaction (the SQLite and PostgreSQL stores
+    /// do); this default writes them one after the other, which costs two commits and,
+    /// if the decision cannot be written, keeps the request (pending, for a person).
     async fn create_decided(
         &self,
         created: &SealedTransition,

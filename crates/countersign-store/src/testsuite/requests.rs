@@ -293,6 +293,24 @@ pub async fn create_decided_writes_both_or_neither(store: Arc<dyn Store>) {
         store.get_request("req_ruled").await.unwrap(),
         Some(decided.request)
     );
+
+    // A decision that does not follow its creation (a version skipped): refused, and the
+    // request is not stored either (one transaction: two commits would keep it).
+    let orphan = new_request("req_ruled_3", &bot, 7, 3600, None);
+    let mut skipped = decide(
+        &orphan.request,
+        Verdict::Approved,
+        &approver("policy"),
+        7,
+        "p",
+    );
+    skipped.request.version += 1;
+    let refused = store
+        .create_decided(&sealed(&orphan), &sealed(&skipped))
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert_eq!(store.get_request("req_ruled_3").await.unwrap(), None);
+    assert_eq!(store.last_event_seq().await.unwrap(), 2);
 }
 
 /// `apply` stores only the next version, and a loser learns what won.
