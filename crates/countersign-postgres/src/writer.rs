@@ -12,6 +12,8 @@
 //! 1. `BEGIN` and lock the head: one round trip.
 //! 2. Every write is a single statement (its change and its event, in data-modifying
 //!    CTEs), and all of them are sent at once (pipelined): one round trip for the batch.
+//!    The one composite write, a request created already decided, sends its second
+//!    statement (the decision) once its first has answered, and only if it inserted.
 //! 3. Update the head, `NOTIFY` the other instances, `COMMIT`: one round trip.
 //!
 //! Replies go out only after the COMMIT, so an `Ok` always means durable.
