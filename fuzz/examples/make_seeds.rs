@@ -39,77 +39,44 @@ fn main() {
     let statement = STANDARD.decode(&approval.payload).unwrap();
 
     // proof_verify: flags byte, then an envelope (bit 0 clear) or a statement to sign.
-    add(
-        "proof_verify",
-        "approval",
-        prefixed(&[0x00], &approval_json),
-    );
-    add(
-        "proof_verify",
-        "approval-at-t0",
-        prefixed(&[0x28], &approval_json),
-    );
-    add(
-        "proof_verify",
-        "rejection",
-        prefixed(&[0x08], &serde_json::to_vec(&rejection).unwrap()),
-    );
+    add("proof_verify", "approval", prefixed(&[0x00], &approval_json));
+    add("proof_verify", "approval-at-t0", prefixed(&[0x28], &approval_json));
+    add("proof_verify", "rejection", prefixed(&[0x08], &serde_json::to_vec(&rejection).unwrap()));
     add("proof_verify", "statement", prefixed(&[0x01], &statement));
-    add(
-        "proof_verify",
-        "statement-no-keyid",
-        prefixed(&[0x39], &statement),
-    );
+    add("proof_verify", "statement-no-keyid", prefixed(&[0x39], &statement));
 
     // bundle_verify: whole archives.
     let full = sample_bundle(Mode::Full);
     let redacted = sample_bundle(Mode::Redacted);
     add("bundle_verify", "full.zip", full.clone());
     add("bundle_verify", "redacted.zip", redacted.clone());
-    add(
-        "bundle_verify",
-        "not-a-zip",
-        b"PK\x03\x04 not a zip".to_vec(),
-    );
+    add("bundle_verify", "not-a-zip", b"PK\x03\x04 not a zip".to_vec());
 
     // bundle_mutate: `arbitrary` bytes; the empty input is the untouched bundle.
     add("bundle_mutate", "untouched", Vec::new());
+    // Deterministic pseudo-random bytes (xorshift), one stream for every target below.
     let mut state = 0x2545_f491_4f6c_dd1du64;
-    for n in 0..6 {
-        let len = 16 + n * 24;
-        let bytes: Vec<u8> = (0..len)
+    let mut random = move |len: usize| -> Vec<u8> {
+        (0..len)
             .map(|_| {
                 state ^= state << 13;
                 state ^= state >> 7;
                 state ^= state << 17;
                 (state >> 24) as u8
             })
-            .collect();
+            .collect()
+    };
+    for n in 0..6 {
+        let bytes = random(16 + n * 24);
         add("bundle_mutate", &format!("random-{n}"), bytes.clone());
         add("merkle", &format!("random-{n}"), bytes.clone());
-        add(
-            "checkpoint",
-            &format!("signed-{n}"),
-            prefixed(&[0x01], &bytes),
-        );
-        add(
-            "action_digest",
-            &format!("arbitrary-{n}"),
-            prefixed(&[0x01], &bytes),
-        );
+        add("checkpoint", &format!("signed-{n}"), prefixed(&[0x01], &bytes));
+        add("action_digest", &format!("arbitrary-{n}"), prefixed(&[0x01], &bytes));
     }
 
     // policy_eval: `arbitrary` bytes, long enough for several policies and requests.
     for n in 0..8 {
-        let bytes: Vec<u8> = (0..200 + n * 100)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                (state >> 24) as u8
-            })
-            .collect();
-        add("policy_eval", &format!("random-{n}"), bytes);
+        add("policy_eval", &format!("random-{n}"), random(200 + n * 100));
     }
 
     // checkpoint: a note countersign signs, and one with a cosignature.
@@ -121,22 +88,13 @@ fn main() {
     let note = checkpoint.sign(&signer());
     add("checkpoint", "note", prefixed(&[0x00], note.as_bytes()));
     let cosigned = format!("{note}\u{2014} witness.example AAAAAAAAAAAAAAAAAAAA\n");
-    add(
-        "checkpoint",
-        "cosigned",
-        prefixed(&[0x00], cosigned.as_bytes()),
-    );
+    add("checkpoint", "cosigned", prefixed(&[0x00], cosigned.as_bytes()));
 
     // log_entry: the entries countersign writes, and a payload opening.
     let created = Event::created(&request).seal([1; 32]);
     let decided = decide(&request, Verdict::Approved).event.seal([2; 32]);
-    let token = Event::system(
-        EventKind::TokenCreated,
-        t0(),
-        None,
-        json!({"token_id": "t"}),
-    )
-    .seal([3; 32]);
+    let token = Event::system(EventKind::TokenCreated, t0(), None, json!({"token_id": "t"}))
+        .seal([3; 32]);
     let record = decision_record(
         "dec_1",
         DecisionRecordInput {
@@ -157,27 +115,17 @@ fn main() {
     add("log_entry", "decided", decided.bytes.clone());
     add("log_entry", "token", token.bytes.clone());
     add("log_entry", "decision-record", record.bytes.clone());
-    add(
-        "log_entry",
-        "opening",
-        serde_json::to_vec(&created.payload.clone().unwrap()).unwrap(),
-    );
+    add("log_entry", "opening", serde_json::to_vec(&created.payload.clone().unwrap()).unwrap());
 
     // action_digest: the published known-answer vectors.
-    let vectors: serde_json::Value =
-        serde_json::from_str(include_str!("../../testdata/action-digest.json")).unwrap();
+    let vectors: serde_json::Value = serde_json::from_str(include_str!(
+        "../../testdata/action-digest.json"
+    ))
+    .unwrap();
     for (i, v) in vectors["vectors"].as_array().unwrap().iter().enumerate() {
-        add(
-            "action_digest",
-            &format!("vector-{i}"),
-            prefixed(&[0x00], &json(v["action"].clone())),
-        );
+        add("action_digest", &format!("vector-{i}"), prefixed(&[0x00], &json(v["action"].clone())));
     }
-    add(
-        "action_digest",
-        "digest",
-        format!("\x00sha256:{}", "Ab".repeat(32)).into_bytes(),
-    );
+    add("action_digest", "digest", format!("\x00sha256:{}", "Ab".repeat(32)).into_bytes());
 
     // server_inputs: selector, then a body of that type.
     let request_body = json!({
@@ -189,8 +137,7 @@ fn main() {
         "recipient_email": "ops@example.com",
         "requested_fields": ["change_ticket"]
     });
-    let decision_body =
-        json!({"decision": "approved", "comment": "ok", "fields": {"po_number": "PO-9"}});
+    let decision_body = json!({"decision": "approved", "comment": "ok", "fields": {"po_number": "PO-9"}});
     let verify_body = json!({
         "proof": serde_json::to_value(&approval).unwrap(),
         "action_description": request.action.description,
@@ -203,57 +150,21 @@ fn main() {
         "authority": {"policy": "refunds"},
         "details": {"order": "7"}
     });
-    add(
-        "server_inputs",
-        "request",
-        prefixed(&[0], &json(request_body.clone())),
-    );
-    add(
-        "server_inputs",
-        "decision",
-        prefixed(&[1], &json(decision_body.clone())),
-    );
-    add(
-        "server_inputs",
-        "verify",
-        prefixed(&[2], &json(verify_body.clone())),
-    );
-    add(
-        "server_inputs",
-        "record-decision",
-        prefixed(&[3], &json(record_body.clone())),
-    );
+    add("server_inputs", "request", prefixed(&[0], &json(request_body.clone())));
+    add("server_inputs", "decision", prefixed(&[1], &json(decision_body.clone())));
+    add("server_inputs", "verify", prefixed(&[2], &json(verify_body.clone())));
+    add("server_inputs", "record-decision", prefixed(&[3], &json(record_body.clone())));
 
     // server_rest: route, credential/target byte, body or query.
     let rest: Vec<(&str, u8, u8, Vec<u8>)> = vec![
         ("create", 0, 0, json(request_body.clone())),
         ("decide", 1, 0, json(decision_body.clone())),
-        (
-            "reject",
-            1,
-            0,
-            json(json!({"decision": "reject", "comment": "no"})),
-        ),
+        ("reject", 1, 0, json(json!({"decision": "reject", "comment": "no"}))),
         ("verify-proof", 2, 0, json(verify_body.clone())),
         ("verify-evidence", 3, 0, redacted.clone()),
-        (
-            "action",
-            4,
-            0,
-            json(json!({"tool": "pay", "details": {"ref": "1"}})),
-        ),
-        (
-            "outcome",
-            5,
-            0,
-            json(json!({"status": "succeeded", "summary": "paid"})),
-        ),
-        (
-            "review",
-            6,
-            0,
-            json(json!({"verdict": "flagged", "notes": "late"})),
-        ),
+        ("action", 4, 0, json(json!({"tool": "pay", "details": {"ref": "1"}}))),
+        ("outcome", 5, 0, json(json!({"status": "succeeded", "summary": "paid"}))),
+        ("review", 6, 0, json(json!({"verdict": "flagged", "notes": "late"}))),
         ("record-decision", 7, 0, json(record_body.clone())),
         ("token", 8, 0, json(json!({"name": "ci", "role": "agent"}))),
         ("cancel", 9, 0, Vec::new()),
@@ -274,109 +185,27 @@ fn main() {
                     "params": {"name": name, "arguments": args}}))
     };
     let mcp: Vec<(&str, u8, Vec<u8>)> = vec![
-        (
-            "initialize",
-            0,
-            json(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
+        ("initialize", 0, json(json!({"jsonrpc": "2.0", "id": 1, "method": "initialize",
             "params": {"protocolVersion": "2025-06-18", "capabilities": {},
-                       "clientInfo": {"name": "fuzz", "version": "1"}}})),
-        ),
-        (
-            "list",
-            2,
-            json(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"})),
-        ),
-        (
-            "ping",
-            0,
-            json(json!({"jsonrpc": "2.0", "id": 3, "method": "ping"})),
-        ),
-        (
-            "notification",
-            0,
-            json(json!({"jsonrpc": "2.0", "method": "notifications/initialized"})),
-        ),
+                       "clientInfo": {"name": "fuzz", "version": "1"}}}))),
+        ("list", 2, json(json!({"jsonrpc": "2.0", "id": 2, "method": "tools/list"}))),
+        ("ping", 0, json(json!({"jsonrpc": "2.0", "id": 3, "method": "ping"}))),
+        ("notification", 0, json(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))),
         ("request", 0, call("request_approval", request_body.clone())),
-        (
-            "check",
-            0,
-            call("check_approval", json!({"request_id": "REQ_A"})),
-        ),
-        (
-            "wait",
-            0,
-            call(
-                "wait_for_approval",
-                json!({"request_id": "REQ_R", "timeout_seconds": 1}),
-            ),
-        ),
+        ("check", 0, call("check_approval", json!({"request_id": "REQ_A"}))),
+        ("wait", 0, call("wait_for_approval", json!({"request_id": "REQ_R", "timeout_seconds": 1}))),
         ("verify", 0, call("verify_proof", verify_body.clone())),
-        (
-            "action",
-            0,
-            call(
-                "record_action",
-                json!({"request_id": "REQ_A", "tool": "pay"}),
-            ),
-        ),
-        (
-            "cancel",
-            0,
-            call("cancel_approval", json!({"request_id": "REQ_P"})),
-        ),
-        (
-            "outcome",
-            0,
-            call(
-                "record_outcome",
-                json!({"request_id": "REQ_U", "status": "failed"}),
-            ),
-        ),
+        ("action", 0, call("record_action", json!({"request_id": "REQ_A", "tool": "pay"}))),
+        ("cancel", 0, call("cancel_approval", json!({"request_id": "REQ_P"}))),
+        ("outcome", 0, call("record_outcome", json!({"request_id": "REQ_U", "status": "failed"}))),
         ("record", 0, call("record_decision", record_body.clone())),
-        (
-            "evidence",
-            0,
-            call("get_evidence", json!({"id": "REQ_U", "mode": "full"})),
-        ),
-        (
-            "verify-evidence",
-            0,
-            call(
-                "verify_evidence",
-                json!({"bundle_base64": STANDARD.encode(&redacted)}),
-            ),
-        ),
-        (
-            "review",
-            0,
-            call(
-                "record_review",
-                json!({"request_id": "REQ_R", "verdict": "accepted"}),
-            ),
-        ),
-        (
-            "pending",
-            2,
-            call("list_pending_approvals", json!({"limit": 3})),
-        ),
-        (
-            "approve",
-            2,
-            call(
-                "approve",
-                json!({"request_id": "REQ_P", "fields": {"po_number": "1"}}),
-            ),
-        ),
-        (
-            "reject",
-            2,
-            call("reject", json!({"request_id": "REQ_P", "comment": "no"})),
-        ),
-        (
-            "batch",
-            0,
-            json(json!([{"jsonrpc": "2.0", "id": 1, "method": "ping"}])),
-        ),
+        ("evidence", 0, call("get_evidence", json!({"id": "REQ_U", "mode": "full"}))),
+        ("verify-evidence", 0, call("verify_evidence", json!({"bundle_base64": STANDARD.encode(&redacted)}))),
+        ("review", 0, call("record_review", json!({"request_id": "REQ_R", "verdict": "accepted"}))),
+        ("pending", 2, call("list_pending_approvals", json!({"limit": 3}))),
+        ("approve", 2, call("approve", json!({"request_id": "REQ_P", "fields": {"po_number": "1"}}))),
+        ("reject", 2, call("reject", json!({"request_id": "REQ_P", "comment": "no"}))),
+        ("batch", 0, json(json!([{"jsonrpc": "2.0", "id": 1, "method": "ping"}]))),
     ];
     for (name, choice, body) in mcp {
         add("server_mcp", name, prefixed(&[choice], &body));

@@ -46,51 +46,16 @@ enum Fix {
 
 #[derive(Debug, Arbitrary)]
 enum Edit {
-    Flip {
-        file: u8,
-        pos: u16,
-        bit: u8,
-    },
-    Splice {
-        file: u8,
-        pos: u16,
-        delete: u8,
-        insert: Vec<u8>,
-    },
-    Truncate {
-        file: u8,
-        len: u16,
-    },
-    CopyContent {
-        file: u8,
-        from: u8,
-    },
-    Remove {
-        file: u8,
-    },
-    Rename {
-        file: u8,
-        to: Name,
-    },
-    Duplicate {
-        file: u8,
-        to: Name,
-    },
-    Add {
-        to: Name,
-        bytes: Vec<u8>,
-    },
-    Json {
-        file: u8,
-        node: u8,
-        value: JsonValue,
-    },
-    JsonFrom {
-        file: u8,
-        node: u8,
-        from: u8,
-        from_node: u8,
-    },
+    Flip { file: u8, pos: u16, bit: u8 },
+    Splice { file: u8, pos: u16, delete: u8, insert: Vec<u8> },
+    Truncate { file: u8, len: u16 },
+    CopyContent { file: u8, from: u8 },
+    Remove { file: u8 },
+    Rename { file: u8, to: Name },
+    Duplicate { file: u8, to: Name },
+    Add { to: Name, bytes: Vec<u8> },
+    Json { file: u8, node: u8, value: JsonValue },
+    JsonFrom { file: u8, node: u8, from: u8, from_node: u8 },
     Manifest(ManifestEdit),
     Checkpoint(CheckpointEdit),
 }
@@ -112,13 +77,8 @@ impl Name {
             Name::Proof(i) => format!("proofs/{i}.json"),
             Name::Payload(i) => format!("payloads/{i}.json"),
             Name::Decision(i) => format!("decisions/{i}.json"),
-            Name::Fixed(i) => [
-                "manifest.json",
-                "checkpoint.txt",
-                "jwks.json",
-                "entries/",
-                "../x",
-            ][usize::from(*i) % 5]
+            Name::Fixed(i) => ["manifest.json", "checkpoint.txt", "jwks.json", "entries/", "../x"]
+                [usize::from(*i) % 5]
                 .to_string(),
             Name::Other(s) => s.clone(),
         }
@@ -196,10 +156,7 @@ fn original(full: bool) -> &'static Original {
     cell.get_or_init(|| {
         let bytes = sample_bundle(mode);
         let report = bundle::verify(&bytes, None);
-        assert!(
-            report.valid,
-            "the sample bundle does not verify: {report:?}"
-        );
+        assert!(report.valid, "the sample bundle does not verify: {report:?}");
         let files = read_zip(&bytes).unwrap();
         let note = String::from_utf8(files["checkpoint.txt"].clone()).unwrap();
         let checkpoint = Checkpoint::parse(&note).unwrap().0;
@@ -225,12 +182,7 @@ pub fn run(data: &[u8]) {
     fix_manifest(&mut files, &input.fix);
     let order = std::iter::once("manifest.json")
         .filter(|m| files.contains_key(*m))
-        .chain(
-            files
-                .keys()
-                .map(String::as_str)
-                .filter(|n| *n != "manifest.json"),
-        );
+        .chain(files.keys().map(String::as_str).filter(|n| *n != "manifest.json"));
     let Some(zip) = write_zip(order.map(|n| (n, files[n].as_slice()))) else {
         return;
     };
@@ -240,10 +192,7 @@ pub fn run(data: &[u8]) {
     // Untouched means byte for byte: a "fixed" manifest is rewritten, and then no longer
     // matches manifest.sig even when no edit changed anything it lists.
     if files == base.files {
-        assert!(
-            report.valid,
-            "the untouched bundle no longer verifies: {report:?}"
-        );
+        assert!(report.valid, "the untouched bundle no longer verifies: {report:?}");
     }
     if report.valid {
         check_says_nothing_new(base, &files, &report, input.pinned);
@@ -280,10 +229,7 @@ fn check_says_nothing_new(
             "checkpoint.txt" => {
                 let note = std::str::from_utf8(bytes).unwrap();
                 let parsed = Checkpoint::parse(note).unwrap().0;
-                assert_eq!(
-                    parsed, base.checkpoint,
-                    "the checkpoint says something else"
-                );
+                assert_eq!(parsed, base.checkpoint, "the checkpoint says something else");
             }
             _ => assert_eq!(
                 base.files.get(name),
@@ -487,9 +433,9 @@ fn edit_manifest(files: &mut BTreeMap<String, Vec<u8>>, edit: &ManifestEdit) {
             manifest.entries.remove(usize::from(*i) % n);
         }
         ManifestEdit::AddEntry(i) => manifest.entries.push(*i),
-        ManifestEdit::SwapEntries(a, b) if n > 0 => manifest
-            .entries
-            .swap(usize::from(*a) % n, usize::from(*b) % n),
+        ManifestEdit::SwapEntries(a, b) if n > 0 => {
+            manifest.entries.swap(usize::from(*a) % n, usize::from(*b) % n)
+        }
         ManifestEdit::DuplicateEntry(i) if n > 0 => {
             let e = manifest.entries[usize::from(*i) % n];
             manifest.entries.push(e);

@@ -112,8 +112,8 @@ pub fn decide(request: &ApprovalRequest, verdict: Verdict) -> countersign_core::
 /// events and a token event are interleaved (entries 0, 2 and 4 are the subject's).
 pub fn sample_bundle(mode: Mode) -> Vec<u8> {
     let first = pending("req_1");
-    let other =
-        ApprovalRequest::create("req_2".into(), new_request(), &agent(), t0(), limits()).unwrap();
+    let other = ApprovalRequest::create("req_2".into(), new_request(), &agent(), t0(), limits())
+        .unwrap();
     let decided = decide(&first, Verdict::Approved);
     let used = decided
         .request
@@ -159,19 +159,16 @@ pub fn sample_bundle(mode: Mode) -> Vec<u8> {
             payload: sealed[i as usize].payload.clone(),
         })
         .collect();
-    bundle::build(
-        &BundleInput {
-            subject: "req_1".into(),
-            mode,
-            log_origin: ORIGIN.into(),
-            checkpoint_note: checkpoint.sign(&signer()),
-            tree_size: size,
-            jwks: signer_jwks(),
-            entries,
-            decisions: vec![decided.request.proof.clone().unwrap()],
-        },
-        &signer(),
-    )
+    bundle::build(&BundleInput {
+        subject: "req_1".into(),
+        mode,
+        log_origin: ORIGIN.into(),
+        checkpoint_note: checkpoint.sign(&signer()),
+        tree_size: size,
+        jwks: signer_jwks(),
+        entries,
+        decisions: vec![decided.request.proof.clone().unwrap()],
+    }, &signer())
     .unwrap()
 }
 

@@ -29,10 +29,7 @@ pub fn run(data: &[u8]) {
     assert_eq!(report.entries, 1);
 
     let Ok(entry) = parsed else {
-        assert!(
-            !report.valid(),
-            "an unparseable entry passed the log verifier"
-        );
+        assert!(!report.valid(), "an unparseable entry passed the log verifier");
         return;
     };
     check_entry(&entry);
@@ -48,10 +45,7 @@ pub fn run(data: &[u8]) {
 /// Checks an entry's canonical form (also used for entries the core creates).
 pub fn check_entry(entry: &LogEntry) {
     let bytes = entry.to_bytes();
-    assert!(
-        !bytes.is_empty(),
-        "an entry did not canonicalize: {entry:?}"
-    );
+    assert!(!bytes.is_empty(), "an entry did not canonicalize: {entry:?}");
     let again: LogEntry = serde_json::from_slice(&bytes).unwrap_or_else(|e| {
         panic!(
             "the canonical form does not parse back ({e}): {}",

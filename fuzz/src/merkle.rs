@@ -116,11 +116,7 @@ fn nodes(a: u64, b: u64, hashes: u8) {
     for id in &ranges {
         assert!(id.level < 64);
         let width = 1u64 << id.level;
-        assert_eq!(
-            id.index.checked_mul(width),
-            Some(at),
-            "{a}..{b}: {ranges:?}"
-        );
+        assert_eq!(id.index.checked_mul(width), Some(at), "{a}..{b}: {ranges:?}");
         at = at.checked_add(width).expect("decompose overflowed");
     }
     assert_eq!(at, a.max(b), "{a}..{b}: {ranges:?}");
@@ -145,9 +141,7 @@ struct Tree {
 
 impl Tree {
     fn new(n: usize) -> Self {
-        let leaves: Vec<Hash> = (0..n)
-            .map(|i| leaf_hash(&(i as u64).to_be_bytes()))
-            .collect();
+        let leaves: Vec<Hash> = (0..n).map(|i| leaf_hash(&(i as u64).to_be_bytes())).collect();
         Self { leaves }
     }
 
@@ -181,9 +175,7 @@ impl Tree {
                     let at = usize::from(*i) % n;
                     path[at] = self.pick(p, path[at]);
                 }
-                PathEdit::Swap(a, b) if n > 0 => {
-                    path.swap(usize::from(*a) % n, usize::from(*b) % n)
-                }
+                PathEdit::Swap(a, b) if n > 0 => path.swap(usize::from(*a) % n, usize::from(*b) % n),
                 PathEdit::Truncate(len) => path.truncate(usize::from(*len)),
                 _ => {}
             }
@@ -272,20 +264,13 @@ fn real_inclusion(leaves: u8, index: u8, size_delta: i8, leaf: Pick, edits: &[Pa
         truth.clone()
     };
     tree.edit(&mut proof, edits);
-    let ok =
-        merkle::verify_inclusion(claimed_index, claimed_size, &claimed_leaf, &proof, &root).is_ok();
+    let ok = merkle::verify_inclusion(claimed_index, claimed_size, &claimed_leaf, &proof, &root)
+        .is_ok();
     if ok && claimed_size == n as u64 {
         let ci = claimed_index as usize;
         assert!(ci < n);
-        assert_eq!(
-            claimed_leaf, tree.leaves[ci],
-            "a wrong leaf verified at {ci} of {n}"
-        );
-        assert_eq!(
-            proof,
-            path(ci, &tree.leaves),
-            "another path verified at {ci} of {n}"
-        );
+        assert_eq!(claimed_leaf, tree.leaves[ci], "a wrong leaf verified at {ci} of {n}");
+        assert_eq!(proof, path(ci, &tree.leaves), "another path verified at {ci} of {n}");
     }
 }
 

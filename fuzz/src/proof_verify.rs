@@ -112,9 +112,7 @@ fn check(envelope: &Envelope, now: Option<Timestamp>, flags: u8) -> countersign_
         );
         let digest_ok = statement.action.digest() == statement.action_digest;
         assert_eq!(
-            same.reasons
-                .iter()
-                .any(|r| r.code == ProblemCode::ActionMismatch),
+            same.reasons.iter().any(|r| r.code == ProblemCode::ActionMismatch),
             !digest_ok,
             "{:?}",
             same.reasons

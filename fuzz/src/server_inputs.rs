@@ -47,7 +47,8 @@ pub fn run(data: &[u8]) {
         }
         _ => {
             if let Ok(input) = serde_json::from_slice::<RecordDecisionInput>(body) {
-                if let Ok(event) = decision_record("dec_1", input.into(), &agent(), t0(), limits())
+                if let Ok(event) =
+                    decision_record("dec_1", input.into(), &agent(), t0(), limits())
                 {
                     check_event(&event);
                 }
@@ -60,10 +61,7 @@ fn check_event(event: &Event) {
     let sealed = event.seal([5; 32]);
     crate::log_entry::check_entry(&sealed.entry);
     let parsed: countersign_core::LogEntry = serde_json::from_slice(&sealed.bytes).unwrap();
-    assert_eq!(
-        parsed, sealed.entry,
-        "a sealed entry does not parse to itself"
-    );
+    assert_eq!(parsed, sealed.entry, "a sealed entry does not parse to itself");
     assert_eq!(parsed.to_bytes(), sealed.bytes);
     if let Some(opening) = &sealed.payload {
         assert_eq!(opening.commitment(), sealed.entry.payload);

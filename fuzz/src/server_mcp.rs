@@ -65,9 +65,8 @@ pub fn run(data: &[u8]) {
         Vec::new()
     };
     for message in messages {
-        let value: Value = serde_json::from_str(message).unwrap_or_else(|e| {
-            panic!("POST /mcp answered a message that is not JSON ({e}): {message}")
-        });
+        let value: Value = serde_json::from_str(message)
+            .unwrap_or_else(|e| panic!("POST /mcp answered a message that is not JSON ({e}): {message}"));
         check_message(&value);
     }
     if status.is_success() {

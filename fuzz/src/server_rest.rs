@@ -37,102 +37,22 @@ struct Route {
 }
 
 const ROUTES: &[Route] = &[
-    Route {
-        method: "POST",
-        path: "/api/v1/requests",
-        who: Who::Agent,
-        kind: Kind::Pending,
-    },
-    Route {
-        method: "POST",
-        path: "/api/v1/requests/{id}/decision",
-        who: Who::Approver,
-        kind: Kind::Pending,
-    },
-    Route {
-        method: "POST",
-        path: "/api/v1/proofs/verify",
-        who: Who::Agent,
-        kind: Kind::Pending,
-    },
-    Route {
-        method: "POST",
-        path: "/api/v1/evidence/verify",
-        who: Who::Agent,
-        kind: Kind::Pending,
-    },
-    Route {
-        method: "POST",
-        path: "/api/v1/requests/{id}/actions",
-        who: Who::Agent,
-        kind: Kind::Approved,
-    },
-    Route {
-        method: "POST",
-        path: "/api/v1/requests/{id}/outcome",
-        who: Who::Agent,
-        kind: Kind::Used,
-    },
-    Route {
-        method: "POST",
-        path: "/api/v1/requests/{id}/review",
-        who: Who::Agent,
-        kind: Kind::Rejected,
-    },
-    Route {
-        method: "POST",
-        path: "/api/v1/decisions",
-        who: Who::Agent,
-        kind: Kind::Pending,
-    },
-    Route {
-        method: "POST",
-        path: "/api/v1/tokens",
-        who: Who::Admin,
-        kind: Kind::Pending,
-    },
-    Route {
-        method: "POST",
-        path: "/api/v1/requests/{id}/cancel",
-        who: Who::Agent,
-        kind: Kind::Pending,
-    },
-    Route {
-        method: "GET",
-        path: "/api/v1/log/proof/inclusion?{q}",
-        who: Who::Agent,
-        kind: Kind::Pending,
-    },
-    Route {
-        method: "GET",
-        path: "/api/v1/log/proof/consistency?{q}",
-        who: Who::Agent,
-        kind: Kind::Pending,
-    },
-    Route {
-        method: "GET",
-        path: "/api/v1/log/checkpoint?{q}",
-        who: Who::Agent,
-        kind: Kind::Pending,
-    },
-    Route {
-        method: "GET",
-        path: "/api/v1/requests?{q}",
-        who: Who::Approver,
-        kind: Kind::Pending,
-    },
-    Route {
-        method: "GET",
-        path: "/api/v1/evidence/{id}?{q}",
-        who: Who::Agent,
-        kind: Kind::Used,
-    },
-    Route {
-        method: "GET",
-        path: "/api/v1/log/entries/{q}",
-        who: Who::Agent,
-        kind: Kind::Pending,
-    },
+    Route { method: "POST", path: "/api/v1/requests", who: Who::Agent, kind: Kind::Pending },
+    Route { method: "POST", path: "/api/v1/requests/{id}/decision", who: Who::Approver, kind: Kind::Pending },
+    Route { method: "POST", path: "/api/v1/proofs/verify", who: Who::Agent, kind: Kind::Pending },
+    Route { method: "POST", path: "/api/v1/evidence/verify", who: Who::Agent, kind: Kind::Pending },
+    Route { method: "POST", path: "/api/v1/requests/{id}/actions", who: Who::Agent, kind: Kind::Approved },
+    Route { method: "POST", path: "/api/v1/requests/{id}/outcome", who: Who::Agent, kind: Kind::Used },
+    Route { method: "POST", path: "/api/v1/requests/{id}/review", who: Who::Agent, kind: Kind::Rejected },
+    Route { method: "POST", path: "/api/v1/decisions", who: Who::Agent, kind: Kind::Pending },
+    Route { method: "POST", path: "/api/v1/tokens", who: Who::Admin, kind: Kind::Pending },
+    Route { method: "POST", path: "/api/v1/requests/{id}/cancel", who: Who::Agent, kind: Kind::Pending },
+    Route { method: "GET", path: "/api/v1/log/proof/inclusion?{q}", who: Who::Agent, kind: Kind::Pending },
+    Route { method: "GET", path: "/api/v1/log/proof/consistency?{q}", who: Who::Agent, kind: Kind::Pending },
+    Route { method: "GET", path: "/api/v1/log/checkpoint?{q}", who: Who::Agent, kind: Kind::Pending },
+    Route { method: "GET", path: "/api/v1/requests?{q}", who: Who::Approver, kind: Kind::Pending },
+    Route { method: "GET", path: "/api/v1/evidence/{id}?{q}", who: Who::Agent, kind: Kind::Used },
+    Route { method: "GET", path: "/api/v1/log/entries/{q}", who: Who::Agent, kind: Kind::Pending },
 ];
 
 pub fn run(data: &[u8]) {
@@ -178,11 +98,7 @@ pub fn run(data: &[u8]) {
         };
         builder = builder.header(http::header::CONTENT_TYPE, content_type);
     }
-    let payload = if get {
-        Body::empty()
-    } else {
-        Body::from(body.to_vec())
-    };
+    let payload = if get { Body::empty() } else { Body::from(body.to_vec()) };
     // An arbitrary query string or path is often not a valid URI: nothing to send.
     let Ok(req) = builder.body(payload) else {
         return;
