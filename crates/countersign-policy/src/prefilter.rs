@@ -350,12 +350,14 @@ pub(crate) fn scaled(text: &str) -> Option<i64> {
         return None;
     }
     let places = 10i64.pow(4 - frac.len() as u32);
-    let magnitude = whole
-        .parse::<i64>()
-        .ok()?
-        .checked_mul(10_000)?
-        .checked_add(frac.parse::<i64>().ok()?.checked_mul(places)?)?;
-    Some(if negative { -magnitude } else { magnitude })
+    let whole = whole.parse::<i64>().ok()?.checked_mul(10_000)?;
+    let frac = frac.parse::<i64>().ok()?.checked_mul(places)?;
+    // Built on the side of its sign, so that Cedar's least value fits too.
+    if negative {
+        (-whole).checked_sub(frac)
+    } else {
+        whole.checked_add(frac)
+    }
 }
 
 #[cfg(test)]
@@ -490,6 +492,9 @@ mod tests {
         assert_eq!(scaled("0.0001"), Some(1));
         assert_eq!(scaled("-0.5"), Some(-5000));
         assert_eq!(scaled("12.25"), Some(122_500));
+        assert_eq!(scaled("-922337203685477.5808"), Some(i64::MIN));
+        assert_eq!(scaled("922337203685477.5807"), Some(i64::MAX));
+        assert_eq!(scaled("922337203685477.5808"), None);
         for not in [
             "1",
             "1.",

@@ -339,13 +339,10 @@ pub(crate) fn as_decimal(s: &str) -> Option<String> {
         None => (s, "0"),
     };
     as_long(whole).or_else(|| (whole == "-0").then_some(0))?;
-    if frac.is_empty() || frac.len() > 4 || !frac.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
     let text = format!("{whole}.{frac}");
-    // Cedar refuses values outside its range; check here so that evaluation never fails.
-    let scaled = format!("{whole}{frac:0<4}");
-    scaled.parse::<i64>().ok()?;
+    // At most four places, and within Cedar's range (it refuses values outside it;
+    // check here so that evaluation never fails).
+    scaled(&text)?;
     Some(text)
 }
 
@@ -373,6 +370,10 @@ mod tests {
         assert_eq!(as_decimal("12.50").as_deref(), Some("12.50"));
         assert_eq!(as_decimal("250").as_deref(), Some("250.0"));
         assert_eq!(as_decimal("-0.5").as_deref(), Some("-0.5"));
+        assert_eq!(
+            as_decimal("-922337203685477.5808").as_deref(),
+            Some("-922337203685477.5808")
+        );
         for not in ["1.23456", "1.", ".5", "abc", "922337203685478.0"] {
             assert_eq!(as_decimal(not), None, "{not:?}");
         }
