@@ -10,16 +10,13 @@
 //! when nothing evaluated before that test can fail (Cedar's `&&` stops at the first
 //! `false`, so an error after it is never reached).
 //!
-//! A policy has a [`Guard`] when its first condition is a `when` whose conjuncts (as
-//! written, left to right) are, up to the guard, only `has` tests on the context's
-//! records, which cannot fail, and the guard is `<context path> == <literal>` (or the
-//! literal first). The scope (principal, action, resource) cannot fail either. Anything
-//! else is evaluated as always.
+//! A policy has a [`Guard`] when the first of its leading tests that could fail is
+//! `<context path> == <literal>` (or the literal first): before it, only its scope and
+//! `has` tests on the context's records, which cannot fail. prefilter.rs reads those
+//! tests (`Tests::guard`). Anything else is evaluated as always.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
-
-use serde_json::Value;
 
 /// A literal a guard compares with, as the request's context holds it.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -44,86 +41,6 @@ impl Literal {
 pub(crate) struct Guard {
     pub path: Vec<String>,
     pub literal: Literal,
-}
-
-/// The context's records that every request has, so `context.<record> has <key>` cannot
-/// fail (`context.room` is optional: `context.room has x` could).
-const RECORDS: [&str; 5] = ["input", "number", "decimal", "time", "agent"];
-
-/// The guard of a policy, from its JSON form (Cedar's EST), if it has one.
-pub(crate) fn guard_of(est: &Value) -> Option<Guard> {
-    let first = est.get("conditions")?.as_array()?.first()?;
-    if first.get("kind")?.as_str()? != "when" {
-        return None;
-    }
-    let mut conjuncts = Vec::new();
-    flatten_and(first.get("body")?, &mut conjuncts);
-    for conjunct in conjuncts {
-        if let Some(guard) = equality(conjunct) {
-            return Some(guard);
-        }
-        if !cannot_fail(conjunct) {
-            return None;
-        }
-    }
-    None
-}
-
-/// `a && b && c`, parsed as `(a && b) && c`, in the order Cedar evaluates them.
-pub(crate) fn flatten_and<'a>(expr: &'a Value, out: &mut Vec<&'a Value>) {
-    match expr.get("&&") {
-        Some(and) => match (and.get("left"), and.get("right")) {
-            (Some(left), Some(right)) => {
-                flatten_and(left, out);
-                flatten_and(right, out);
-            }
-            _ => out.push(expr),
-        },
-        None => out.push(expr),
-    }
-}
-
-/// `context has k` or `context.<record> has k`.
-fn cannot_fail(expr: &Value) -> bool {
-    let Some(has) = expr.get("has") else {
-        return false;
-    };
-    match path_of(has.get("left")) {
-        Some(path) => path.is_empty() || (path.len() == 1 && RECORDS.contains(&path[0].as_str())),
-        None => false,
-    }
-}
-
-/// `context.<path> == <literal>` or `<literal> == context.<path>`.
-fn equality(expr: &Value) -> Option<Guard> {
-    let eq = expr.get("==")?;
-    let (left, right) = (eq.get("left")?, eq.get("right")?);
-    let (path, literal) = match (path_of(Some(left)), literal_of(right)) {
-        (Some(path), Some(literal)) => (path, literal),
-        _ => (path_of(Some(right))?, literal_of(left)?),
-    };
-    (!path.is_empty()).then_some(Guard { path, literal })
-}
-
-/// The attribute path of `context.a.b` (empty for `context` itself).
-pub(crate) fn path_of(expr: Option<&Value>) -> Option<Vec<String>> {
-    let expr = expr?;
-    if expr.get("Var").and_then(Value::as_str) == Some("context") {
-        return Some(Vec::new());
-    }
-    let access = expr.get(".")?;
-    let mut path = path_of(access.get("left"))?;
-    path.push(access.get("attr")?.as_str()?.to_string());
-    Some(path)
-}
-
-pub(crate) fn literal_of(expr: &Value) -> Option<Literal> {
-    match expr.get("Value")? {
-        Value::String(s) => Some(Literal::Str(s.clone())),
-        Value::Bool(b) => Some(Literal::Bool(*b)),
-        Value::Number(n) => n.as_i64().map(Literal::Long),
-        _ => None,
-    }
 }
 
 /// Policies (by their number in the set) split by guards: those that may apply to every
@@ -266,7 +183,7 @@ mod tests {
 
     fn guard(text: &str) -> Option<Guard> {
         let policy: cedar_policy::Policy = text.parse().unwrap();
-        guard_of(&policy.to_json().unwrap())
+        crate::prefilter::tests_of(&policy, &policy.to_json().unwrap()).guard()
     }
 
     fn on(path: &[&str], literal: Literal) -> Option<Guard> {

@@ -17,7 +17,7 @@
 use cedar_policy::{EntityUid, PrincipalConstraint, ResourceConstraint};
 use serde_json::Value;
 
-use crate::index::{Literal, literal_of, path_of};
+use crate::index::{Guard, Literal};
 
 /// What a request is, as far as the tests here need it (eval.rs implements it from the
 /// same input it builds Cedar's request from, so the two agree).
@@ -164,6 +164,21 @@ impl Tests {
     }
 }
 
+impl Tests {
+    /// The equality the index files the policy under (index.rs): the first test that
+    /// could fail, when it is `context.<path> == <literal>` (every test before it
+    /// cannot fail, so a request with another value there cannot match).
+    pub fn guard(&self) -> Option<Guard> {
+        match &self.steps.iter().find(|step| !step.cannot_fail)?.test {
+            Test::Equals { path, literal } => Some(Guard {
+                path: path.clone(),
+                literal: literal.clone(),
+            }),
+            _ => None,
+        }
+    }
+}
+
 /// The tests of a policy: its principal and resource scope, then its first `when`'s
 /// conjuncts, up to the first one that is not a test above.
 pub(crate) fn tests_of(policy: &cedar_policy::Policy, est: &Value) -> Tests {
@@ -179,35 +194,23 @@ pub(crate) fn tests_of(policy: &cedar_policy::Policy, est: &Value) -> Tests {
             uid.id().unescaped().to_string(),
         )
     };
-    match policy.principal_constraint() {
-        PrincipalConstraint::In(uid) => {
-            let (ty, id) = named(&uid);
-            steps.push(scope(Test::Principal {
-                ty,
-                id,
-                is_in: true,
-            }));
-        }
+    let principal = match policy.principal_constraint() {
+        PrincipalConstraint::In(uid) => Some((uid, true)),
+        PrincipalConstraint::Eq(uid) => Some((uid, false)),
         PrincipalConstraint::IsIn(_, uid) => {
             // The `is` part is left to Cedar.
             complete = false;
-            let (ty, id) = named(&uid);
-            steps.push(scope(Test::Principal {
-                ty,
-                id,
-                is_in: true,
-            }));
+            Some((uid, true))
         }
-        PrincipalConstraint::Eq(uid) => {
-            let (ty, id) = named(&uid);
-            steps.push(scope(Test::Principal {
-                ty,
-                id,
-                is_in: false,
-            }));
+        PrincipalConstraint::Is(_) => {
+            complete = false;
+            None
         }
-        PrincipalConstraint::Is(_) => complete = false,
-        PrincipalConstraint::Any => {}
+        PrincipalConstraint::Any => None,
+    };
+    if let Some((uid, is_in)) = principal {
+        let (ty, id) = named(&uid);
+        steps.push(scope(Test::Principal { ty, id, is_in }));
     }
     match policy.resource_constraint() {
         ResourceConstraint::In(uid) | ResourceConstraint::Eq(uid) => {
@@ -236,7 +239,7 @@ pub(crate) fn tests_of(policy: &cedar_policy::Policy, est: &Value) -> Tests {
         }
     };
     let mut conjuncts = Vec::new();
-    crate::index::flatten_and(body, &mut conjuncts);
+    flatten_and(body, &mut conjuncts);
     for conjunct in conjuncts {
         match step_of(conjunct) {
             Some(step) => steps.push(step),
@@ -336,6 +339,41 @@ fn step_of(expr: &Value) -> Option<Step> {
         test,
         cannot_fail: false,
     })
+}
+
+/// `a && b && c`, parsed as `(a && b) && c`, in the order Cedar evaluates them.
+fn flatten_and<'a>(expr: &'a Value, out: &mut Vec<&'a Value>) {
+    match expr.get("&&") {
+        Some(and) => match (and.get("left"), and.get("right")) {
+            (Some(left), Some(right)) => {
+                flatten_and(left, out);
+                flatten_and(right, out);
+            }
+            _ => out.push(expr),
+        },
+        None => out.push(expr),
+    }
+}
+
+/// The attribute path of `context.a.b` (empty for `context` itself).
+fn path_of(expr: Option<&Value>) -> Option<Vec<String>> {
+    let expr = expr?;
+    if expr.get("Var").and_then(Value::as_str) == Some("context") {
+        return Some(Vec::new());
+    }
+    let access = expr.get(".")?;
+    let mut path = path_of(access.get("left"))?;
+    path.push(access.get("attr")?.as_str()?.to_string());
+    Some(path)
+}
+
+fn literal_of(expr: &Value) -> Option<Literal> {
+    match expr.get("Value")? {
+        Value::String(s) => Some(Literal::Str(s.clone())),
+        Value::Bool(b) => Some(Literal::Bool(*b)),
+        Value::Number(n) => n.as_i64().map(Literal::Long),
+        _ => None,
+    }
 }
 
 /// Cedar's decimal as ten-thousandths: `-?digits.digits` with one to four places.

@@ -9,7 +9,7 @@ use serde::Serialize;
 use sha2::{Digest, Sha256};
 
 use crate::error::PolicyError;
-use crate::index::{Indexed, SetCache, guard_of};
+use crate::index::{Indexed, SetCache};
 use crate::prefilter::{Tests, tests_of};
 use crate::requirements::Requirements;
 use crate::schema;
@@ -166,7 +166,6 @@ impl PolicySet {
         let mut actions = BTreeSet::from([crate::DEFAULT_ACTION.to_string()]);
         let mut keys = BTreeSet::new();
         let mut reads_agent = false;
-        let mut guards = Vec::with_capacity(policies.len());
         let mut tests = Vec::with_capacity(policies.len());
         for policy in &policies {
             for uid in action_names(&policy.action_constraint()) {
@@ -177,7 +176,6 @@ impl PolicySet {
                 .map_err(|e| PolicyError::Schema(e.to_string()))?;
             detail_keys(&est, &mut keys);
             reads_agent |= reads_context(&est, "agent");
-            guards.push(guard_of(&est));
             tests.push(tests_of(policy, &est));
         }
         let schema_text = schema::generate(&actions, &keys);
@@ -191,10 +189,11 @@ impl PolicySet {
             by_action.insert(action.clone(), Indexed::default());
         }
         let invalid = |e: String| PolicyError::Validation(one_line(&e));
-        for (n, (policy, guard)) in policies.iter().zip(&guards).enumerate() {
+        for (n, (policy, policy_tests)) in policies.iter().zip(&tests).enumerate() {
             all.add(policy.clone())
                 .map_err(|e| invalid(e.to_string()))?;
             let n = u32::try_from(n).map_err(|_| invalid("too many policies".into()))?;
+            let guard = policy_tests.guard();
             let guard = guard.as_ref();
             let named = action_names(&policy.action_constraint());
             if matches!(policy.action_constraint(), ActionConstraint::Any) {
