@@ -22,7 +22,7 @@ from mcp.client.stdio import stdio_client
 from mcp.client.streamable_http import streamable_http_client
 
 import verify_proof
-from harness import Context, Results, check, child_env, http, leaf_exceptions
+from harness import Context, Results, check, child_env, create_token, http, leaf_exceptions
 
 AGENT_TOOLS = {
     "request_approval",
@@ -598,6 +598,10 @@ forbid(principal, action == Action::"py_drop_table", resource);
 @timeout_hours("0.0005")
 @on_timeout("approve")
 permit(principal, action == Action::"py_deploy", resource);
+
+@id("py-two-for-transfers")
+@approvals("2")
+permit(principal, action == Action::"py_transfer", resource);
 """
 
 
@@ -682,6 +686,43 @@ def test_policy_proofs(ctx: Context, results: Results) -> None:
             )
             check(waited["status"] == "approved", f"{label}: the deploy ended {waited['status']}, not approved by the fallback")
             check_proof(waited, action, "approved", "fallback", "py-quick-deploys", jwks)
-        print(f"    {label}: policy approval, policy refusal and fallback proofs verified (policy set {expected_set[:19]}...)")
+
+            # Two approvals from two accounts: the first is recorded, the second decides;
+            # the proof names both, each with its account.
+            action, created = await request(client, "py_transfer", {"amount": "9000"})
+            check(created["status"] == "pending", f"{label}: a transfer came back {created['status']}")
+            check(created.get("quorum", {}).get("required") == 2, f"{label}: a transfer's quorum: {created}")
+            request_id = created["request_id"]
+            second = await anyio.to_thread.run_sync(
+                lambda: create_token(ctx.binary, ctx.data_dir, "approver", "py-second-approver")
+            )
+
+            def decide(token: str) -> Any:
+                return http("POST", ctx.url(f"/api/v1/requests/{request_id}/decision"), {"decision": "approved"}, token=token)
+
+            first = await anyio.to_thread.run_sync(lambda: decide(ctx.approver_token))
+            check(first.status == 200, f"{label}: the first approval: {first.status} {first.body!r}")
+            again = await anyio.to_thread.run_sync(lambda: decide(ctx.approver_token))
+            check(again.status == 409 and b"already_approved" in again.body, f"{label}: the same approver twice: {again.status} {again.body!r}")
+            view = structured(await client.call_tool("check_approval", {"request_id": request_id}), f"{label}: check_approval")
+            check(view["status"] == "pending" and view.get("proof") is None, f"{label}: one approval of two decided: {view}")
+            final = await anyio.to_thread.run_sync(lambda: decide(second))
+            check(final.status == 200, f"{label}: the second approval: {final.status} {final.body!r}")
+            view = structured(await client.call_tool("check_approval", {"request_id": request_id}), f"{label}: check_approval")
+            statement = verify_proof.verify(
+                view["proof"], jwks, expected_action=action, expected_request_id=request_id, required_approvals=2
+            )
+            names = [a["id"] for a in statement["approvers"]]
+            check(
+                names == [f"token:{ctx.approver_name}", "token:py-second-approver"],
+                f"{label}: the quorum's proof names {names}",
+            )
+            try:
+                verify_proof.verify(view["proof"], jwks, expected_action=action, required_approvals=3)
+            except verify_proof.VerificationError as e:
+                check("3 are required" in str(e), f"{label}: a short quorum was refused for {e}")
+            else:
+                raise AssertionError(f"{label}: two approvers passed a check for three")
+        print(f"    {label}: policy approval, policy refusal, fallback and quorum proofs verified (policy set {expected_set[:19]}...)")
 
     anyio.run(main)

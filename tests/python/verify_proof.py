@@ -185,11 +185,14 @@ def verify(
     expected_request_id: str | None = None,
     expected_decision: str = "approved",
     now: datetime | None = None,
+    required_approvals: int | None = None,
 ) -> dict[str, Any]:
     """Verifies a proof and returns its statement; raises VerificationError otherwise.
 
     `expected_action` is {"description": str, "details": {str: str}}: the action about to
-    be performed, which the proof must be for exactly.
+    be performed, which the proof must be for exactly. `required_approvals`: the
+    approval must name at least this many approvers, each with the account it counted
+    as, no account twice (a quorum).
     """
     keys = load_keys(jwks)
     if not isinstance(envelope, dict):
@@ -293,6 +296,16 @@ def verify(
         for member in ("id", "display_name", "channel", "auth_method"):
             if not isinstance(approver, dict) or not isinstance(approver.get(member), str) or not approver[member]:
                 raise VerificationError(f"approver {approver!r} lacks {member}")
+    if required_approvals is not None and statement["decision"] == "approved":
+        accounts = [a.get("account") for a in approvers]
+        if any(not isinstance(a, str) or not a for a in accounts):
+            raise VerificationError(f"a quorum's approvers must each name their account: {approvers!r}")
+        if len(set(accounts)) != len(accounts):
+            raise VerificationError(f"an account is counted twice among the approvers: {accounts!r}")
+        if len(accounts) < required_approvals:
+            raise VerificationError(
+                f"the approval names {len(accounts)} approvers, {required_approvals} are required"
+            )
     if not isinstance(statement["fields"], dict):
         raise VerificationError("fields is not an object")
     if not isinstance(statement["nonce"], str) or len(statement["nonce"]) < 16:

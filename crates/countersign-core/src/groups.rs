@@ -129,9 +129,87 @@ impl Groups {
     }
 }
 
+/// Which dashboard account each identity belongs to: a token by its configured account
+/// (`[tokens] accounts`), an OS user by `[cli] accounts`. Slack users and email addresses
+/// need no entry here, since they already act as the account the operator mapped them
+/// to (`user:<username>`). An identity with no entry is its own account.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Identities {
+    /// Principal id → the account's id (`user:<username>`).
+    accounts: BTreeMap<String, String>,
+}
+
+impl Identities {
+    /// From `(principal id, username)` pairs, each checked; a principal id is a token's
+    /// (`token:`) or an OS user's (`local:`), since a dashboard account is itself.
+    pub fn new(pairs: impl IntoIterator<Item = (String, String)>) -> Result<Self, CoreError> {
+        let mut accounts = BTreeMap::new();
+        for (identity, username) in pairs {
+            check_principal_id("accounts", &identity)?;
+            if identity.starts_with("user:") {
+                return Err(CoreError::invalid(
+                    "accounts",
+                    format!(
+                        "{identity} is a dashboard account already; map tokens and OS users to accounts"
+                    ),
+                ));
+            }
+            let account = format!("user:{}", username.trim());
+            check_principal_id("accounts", &account).map_err(|_| {
+                CoreError::invalid(
+                    "accounts",
+                    format!("{username:?} (for {identity}) is not a dashboard username"),
+                )
+            })?;
+            accounts.insert(identity, account);
+        }
+        Ok(Self { accounts })
+    }
+
+    /// The account `principal` (an id) counts as: its dashboard account's id, or itself.
+    pub fn account_of<'a>(&'a self, principal: &'a str) -> &'a str {
+        self.accounts
+            .get(principal)
+            .map_or(principal, String::as_str)
+    }
+
+    /// How many identities are mapped.
+    pub fn len(&self) -> usize {
+        self.accounts.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.accounts.is_empty()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn identities_map_to_accounts_and_the_rest_count_as_themselves() {
+        let ids = Identities::new([
+            ("token:alice-laptop".to_string(), "alice".to_string()),
+            ("local:al".to_string(), "alice".to_string()),
+        ])
+        .unwrap_or_default();
+        assert_eq!(ids.account_of("token:alice-laptop"), "user:alice");
+        assert_eq!(ids.account_of("local:al"), "user:alice");
+        assert_eq!(ids.account_of("user:alice"), "user:alice");
+        assert_eq!(ids.account_of("token:bob"), "token:bob");
+        for (identity, username, says) in [
+            ("alice-laptop", "alice", "not a principal id"),
+            ("user:bob", "alice", "dashboard account already"),
+            ("token:x", "two words", "not a dashboard username"),
+        ] {
+            let err = Identities::new([(identity.to_string(), username.to_string())])
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains(says), "{identity}: {err}");
+        }
+    }
 
     fn groups() -> Groups {
         Groups::new(BTreeMap::from([(

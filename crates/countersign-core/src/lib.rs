@@ -33,7 +33,7 @@ pub use action::{Action, ActionDigest};
 pub use decision::{ActionRecord, Decision, DecisionInput, Verdict};
 pub use error::{CoreError, NotCounted};
 pub use event::{Event, EventKind, LogEntry, PayloadOpening, SealedEvent};
-pub use groups::Groups;
+pub use groups::{Groups, Identities};
 pub use keys::{Jwk, Jwks, Signer};
 pub use principal::{Approver, AuthMethod, Channel, Decider, Principal, Role};
 pub use proof::{

@@ -27,6 +27,7 @@ use crate::audit::field;
 use crate::decision::Verdict;
 use crate::error::{CoreError, NotCounted};
 use crate::event::{Event, EventKind};
+use crate::groups::{Groups, Identities};
 use crate::keys::Signer;
 use crate::principal::{Approver, Principal};
 use crate::request::{ApprovalRequest, Limits, Status, Transition};
@@ -115,6 +116,28 @@ impl DecisionAccounts {
             eligible: false,
         }
     }
+
+    /// The accounts `identities` maps the decider and the requester to; the decider is
+    /// eligible when its account (or, for an identity mapped to none, itself) is in the
+    /// group the request's quorum names.
+    pub fn mapped(
+        request: &ApprovalRequest,
+        by: &Principal,
+        identities: &Identities,
+        groups: &Groups,
+    ) -> Self {
+        let decider = identities.account_of(&by.id).to_string();
+        let eligible = request
+            .quorum
+            .as_ref()
+            .and_then(|q| q.group.as_deref())
+            .is_some_and(|group| groups.contains(group, &decider));
+        Self {
+            requester: identities.account_of(&request.requested_by.id).to_string(),
+            decider,
+            eligible,
+        }
+    }
 }
 
 /// An approval recorded while the request waited for more.
@@ -163,6 +186,42 @@ impl Transition {
 }
 
 impl ApprovalRequest {
+    /// Why `by` (as `accounts`) cannot decide this pending request now, if it cannot:
+    /// its account asked for it, the quorum needs a group the account is not in, or the
+    /// account has approved it already (it may still reject). What a dashboard shows
+    /// before anyone clicks; the decision itself checks again.
+    pub fn why_not_decider(&self, by: &Principal, accounts: &DecisionAccounts) -> Option<String> {
+        if by.id == self.requested_by.id || accounts.decider == accounts.requester {
+            return Some(if by.id == self.requested_by.id {
+                "You asked for this request, so another approver must decide it.".to_string()
+            } else {
+                format!(
+                    "Your account ({}) asked for this request, so another approver must decide it.",
+                    accounts.decider
+                )
+            });
+        }
+        let quorum = self.quorum.as_ref()?;
+        if let Some(group) = &quorum.group
+            && !accounts.eligible
+        {
+            return Some(format!(
+                "This request needs its approvers from group {group}, which your account ({}) is not in.",
+                accounts.decider
+            ));
+        }
+        let earlier = self
+            .approvals
+            .iter()
+            .find(|a| a.approver.account.as_deref() == Some(accounts.decider.as_str()))?;
+        Some(format!(
+            "Your account approved this at {} ({} of {} approvals); another approver must give the next one.",
+            earlier.approved_at,
+            self.approvals.len(),
+            quorum.required
+        ))
+    }
+
     /// How far the request is toward its quorum: (approvals so far, approvals needed).
     pub fn quorum_progress(&self) -> Option<(u32, u32)> {
         let quorum = self.quorum.as_ref()?;
@@ -1056,5 +1115,57 @@ mod tests {
                 && d.contains("account alice is counted twice")),
             "{found:?}"
         );
+    }
+
+    #[test]
+    fn mapped_accounts_count_an_identity_as_its_account() {
+        let identities = Identities::new([
+            ("token:alice".to_string(), "alice".to_string()),
+            ("token:bot".to_string(), "bob".to_string()),
+            ("token:bob-laptop".to_string(), "bob".to_string()),
+        ])
+        .unwrap();
+        let groups = Groups::new(std::collections::BTreeMap::from([(
+            "sre".to_string(),
+            vec!["user:alice".to_string(), "token:carol".to_string()],
+        )]))
+        .unwrap();
+        let request = needing(2, Some("sre"));
+        let bot = Principal::from_token("bot", Role::Agent);
+        let mut asked = request.clone();
+        asked.requested_by = bot.as_requester();
+        // A token of alice's is alice, and alice is in sre.
+        let by_token = DecisionAccounts::mapped(&asked, &alice(), &identities, &groups);
+        assert_eq!(by_token.decider, "user:alice");
+        assert_eq!(by_token.requester, "user:bob");
+        assert!(by_token.eligible);
+        // bob's account made the request (through its agent token): bob never counts,
+        // through whichever identity of his.
+        let laptop = Principal::from_token("bob-laptop", Role::Approver);
+        let err = asked
+            .decide_as(
+                Verdict::Approved,
+                DecisionInput::default(),
+                &laptop,
+                &DecisionAccounts::mapped(&asked, &laptop, &identities, &groups),
+                Channel::Dashboard,
+                t0().plus_seconds(1),
+                "nonce-0123456789abcdef".into(),
+                &signer(),
+                &Limits::default(),
+            )
+            .err();
+        assert!(
+            matches!(err, Some(CoreError::SelfApproval { ref principal, .. }) if principal == "token:bob-laptop (account user:bob)"),
+            "{err:?}"
+        );
+        // An unmapped token counts as itself, and is eligible by its own id.
+        let carol = Principal::from_token("carol", Role::Approver);
+        let own = DecisionAccounts::mapped(&asked, &carol, &identities, &groups);
+        assert_eq!(own.decider, "token:carol");
+        assert!(own.eligible);
+        // Outside the group: not eligible; with no group named, eligibility is not read.
+        let dave = Principal::user("dave", "Dave", Role::Approver);
+        assert!(!DecisionAccounts::mapped(&asked, &dave, &identities, &groups).eligible);
     }
 }

@@ -10,8 +10,9 @@ use serde::Serialize;
 const DESCRIPTIVE: &[&str] = &["id", "reason"];
 /// Annotations that send a matching request to people under conditions.
 pub(crate) const REQUIREMENT: &[&str] = &["approvals", "approvers", "timeout_hours", "on_timeout"];
-/// Annotations that need quorum and separation of duties, which this version lacks.
-const NEEDS_QUORUM: &[&str] = &["approvals", "approvers"];
+/// The most approvals a policy may require (countersign-core's `MAX_APPROVALS`: a bound
+/// so that no request is made that nobody could approve in practice).
+pub const MAX_APPROVALS: u32 = 10;
 /// The longest a request may wait for people (as for a request's own timeout).
 const MAX_TIMEOUT_HOURS: f64 = 168.0;
 
@@ -29,6 +30,14 @@ pub enum OnTimeout {
 /// carries requirement annotations.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Requirements {
+    /// `@approvals`: how many distinct accounts must approve (the largest of them).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub approvals: Option<u32>,
+    /// `@approvers`: the groups (`[groups]`) the deciders must come from. Policies that
+    /// match together and name different groups cannot all be met (one request, one
+    /// group), which the server treats as a refusal; see `conflicting_groups`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub approvers: Vec<String>,
     /// `@timeout_hours`: the shortest of them.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub timeout_hours: Option<f64>,
@@ -65,13 +74,27 @@ impl Requirements {
                     "@{key} is for permit policies: a forbid rejects at once"
                 ));
             }
-            if NEEDS_QUORUM.contains(&key) {
-                return Err(format!(
-                    "@{key} needs quorum and separation of duties, which this version of \
-                     countersign does not have yet; remove it (one person decides)"
-                ));
-            }
             match key {
+                "approvals" => {
+                    let n: u32 = value.trim().parse().map_err(|_| {
+                        format!("@approvals({value:?}) is not a whole number of approvals")
+                    })?;
+                    if !(1..=MAX_APPROVALS).contains(&n) {
+                        return Err(format!(
+                            "@approvals({value:?}) must be 1 to {MAX_APPROVALS}"
+                        ));
+                    }
+                    req.approvals = Some(n);
+                }
+                "approvers" => {
+                    let group = value.trim();
+                    if !is_group_name(group) {
+                        return Err(format!(
+                            "@approvers({value:?}) is not a group name (1 to 64 of a-z, 0-9, - _ .)"
+                        ));
+                    }
+                    req.approvers = vec![group.to_string()];
+                }
                 "timeout_hours" => {
                     let hours: f64 = value.trim().parse().map_err(|_| {
                         format!("@timeout_hours({value:?}) is not a number of hours")
@@ -102,7 +125,16 @@ impl Requirements {
 
     /// Whether any requirement annotation was given.
     pub fn is_empty(&self) -> bool {
-        self.timeout_hours.is_none() && self.on_timeout.is_none()
+        self.approvals.is_none()
+            && self.approvers.is_empty()
+            && self.timeout_hours.is_none()
+            && self.on_timeout.is_none()
+    }
+
+    /// The groups named when there is more than one: no approver can be asked to come
+    /// from two groups at once, so such a request cannot be decided as every policy says.
+    pub fn conflicting_groups(&self) -> Option<&[String]> {
+        (self.approvers.len() > 1).then_some(self.approvers.as_slice())
     }
 
     /// The strictest of two sets of requirements.
@@ -118,11 +150,32 @@ impl Requirements {
             (Some(OnTimeout::Reject), _) | (_, Some(OnTimeout::Reject)) => Some(OnTimeout::Reject),
             _ => None,
         };
+        let approvals = match (self.approvals, other.approvals) {
+            (Some(a), Some(b)) => Some(a.max(b)),
+            (a, b) => a.or(b),
+        };
+        let mut approvers = self.approvers;
+        for group in &other.approvers {
+            if !approvers.contains(group) {
+                approvers.push(group.clone());
+            }
+        }
+        approvers.sort();
         Self {
+            approvals,
+            approvers,
             timeout_hours,
             on_timeout,
         }
     }
+}
+
+/// A group name as `[groups]` takes it (countersign-core's rule).
+fn is_group_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || matches!(c, '-' | '_' | '.'))
 }
 
 #[cfg(test)]
@@ -167,11 +220,39 @@ mod tests {
     }
 
     #[test]
-    fn quorum_annotations_are_refused_until_quorum_exists() {
-        for key in ["approvals", "approvers"] {
-            let err = of(&[(key, "2")], true).err().unwrap_or_default();
-            assert!(err.contains("needs quorum"), "{key}: {err}");
+    fn quorum_annotations_parse_and_bad_ones_are_refused() {
+        let req = of(&[("approvals", "2"), ("approvers", "sre")], true).unwrap_or_default();
+        assert_eq!(req.approvals, Some(2));
+        assert_eq!(req.approvers, vec!["sre".to_string()]);
+        assert!(!req.is_empty());
+        for (key, value, says) in [
+            ("approvals", "0", "1 to 10"),
+            ("approvals", "11", "1 to 10"),
+            ("approvals", "two", "whole number"),
+            ("approvers", "SRE team", "not a group name"),
+            ("approvers", "", "not a group name"),
+        ] {
+            let err = of(&[(key, value)], true).err().unwrap_or_default();
+            assert!(err.contains(says), "{key}({value}): {err}");
         }
+        let err = of(&[("approvals", "2")], false).err().unwrap_or_default();
+        assert!(err.contains("for permit policies"), "{err}");
+    }
+
+    #[test]
+    fn the_largest_quorum_wins_and_two_groups_conflict() {
+        let two = of(&[("approvals", "2"), ("approvers", "sre")], true).unwrap_or_default();
+        let three = of(&[("approvals", "3")], true).unwrap_or_default();
+        let both = two.clone().strictest(&three);
+        assert_eq!(both.approvals, Some(3));
+        assert_eq!(both.approvers, vec!["sre".to_string()]);
+        assert_eq!(both.conflicting_groups(), None);
+        let finance = of(&[("approvers", "finance")], true).unwrap_or_default();
+        let clash = two.strictest(&finance);
+        assert_eq!(
+            clash.conflicting_groups(),
+            Some(&["finance".to_string(), "sre".to_string()][..])
+        );
     }
 
     #[test]
@@ -179,10 +260,12 @@ mod tests {
         let a = Requirements {
             timeout_hours: Some(4.0),
             on_timeout: Some(OnTimeout::Approve),
+            ..Requirements::default()
         };
         let b = Requirements {
             timeout_hours: Some(1.0),
             on_timeout: Some(OnTimeout::Reject),
+            ..Requirements::default()
         };
         let c = a.clone().strictest(&b);
         assert_eq!(c.timeout_hours, Some(1.0));

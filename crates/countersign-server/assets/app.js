@@ -117,7 +117,27 @@ function card(request) {
       el("span", {}, fmtTime(request.requested_at)),
       request.status === "pending" ? countdown(request.expires_at) : null,
       request.why ? el("span", { class: "why-mark" }, whyMark(request.why)) : null,
+      request.quorum ? el("span", { class: "quorum-mark" }, `${request.quorum.approvals.length} of ${request.quorum.required} approvals`) : null,
     ),
+  );
+}
+
+// ---- quorum: how many approvals a request needs, and who gave them ----------------
+
+function quorumSummary(q) {
+  let line = `${q.approvals.length} of ${q.required} approvals`;
+  if (q.still_needed > 0) line += `; ${q.still_needed} more needed${q.group ? `, from ${q.group}` : ""}`;
+  return line;
+}
+
+function quorumSection(q) {
+  return el(
+    "section",
+    { class: "quorum", id: "quorum", "aria-label": "Approvals", "data-required": String(q.required), "data-approvals": String(q.approvals.length) },
+    el("h4", {}, quorumSummary(q)),
+    q.approvals.length
+      ? el("ul", {}, q.approvals.map((a) => el("li", {}, `${a.approver.display_name} via ${a.approver.channel}`, a.approver.account ? ` (account ${a.approver.account})` : "", ` at ${fmtTime(a.approved_at)}`)))
+      : el("p", { class: "muted" }, "No approvals yet."),
   );
 }
 
@@ -283,6 +303,7 @@ function renderDetail(notice) {
   if (notice) parts.push(el("div", { class: `notice ${notice.kind}`, role: "status" }, notice.text));
   const why = whySection(r, state.why);
   if (why) parts.push(why);
+  if (r.quorum) parts.push(quorumSection(r.quorum));
   const detailRows = Object.entries(r.action_details || {});
   parts.push(
     detailRows.length ? kvTable(detailRows) : el("p", { class: "empty" }, "No details."),
@@ -361,11 +382,12 @@ function decisionForm(r) {
     }
     approve.disabled = reject.disabled = true;
     try {
-      await api(`/ui/api/requests/${encodeURIComponent(r.request_id)}/decision`, {
+      const after = await api(`/ui/api/requests/${encodeURIComponent(r.request_id)}/decision`, {
         method: "POST",
         body: { decision, comment: comment.value || null, fields, expected_version: r.version },
       });
-      const done = { kind: "ok", text: decision === "approved" ? "Approved. The agent has its proof." : "Rejected. The agent has been told." };
+      const recorded = decision === "approved" && after && after.status === "pending" && after.quorum;
+      const done = { kind: "ok", text: recorded ? `Your approval is recorded: ${quorumSummary(after.quorum)}.` : decision === "approved" ? "Approved. The agent has its proof." : "Rejected. The agent has been told." };
       state.decidedHere = { id: r.request_id, notice: done };
       await loadDetail(done);
       await loadList();

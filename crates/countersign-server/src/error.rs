@@ -4,7 +4,7 @@
 //! (randomness, an HTTP client, password hashing, encoding) are [`GateError::Internal`].
 
 use countersign_core::CoreError;
-use countersign_core::error::NotUsable;
+use countersign_core::error::{NotCounted, NotUsable};
 use countersign_store::StoreError;
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +55,10 @@ pub enum ErrorKind {
     AlreadyDecided,
     Expired,
     SelfApproval,
+    /// This account already approved the request (a quorum counts an account once).
+    AlreadyApproved,
+    /// The request's quorum needs approvers from a group this account is not in.
+    NotEligible,
     Forbidden,
     NotApproved,
     AlreadyUsed,
@@ -77,6 +81,8 @@ impl ErrorKind {
             ErrorKind::AlreadyDecided => "already_decided",
             ErrorKind::Expired => "expired",
             ErrorKind::SelfApproval => "self_approval",
+            ErrorKind::AlreadyApproved => "already_approved",
+            ErrorKind::NotEligible => "not_eligible",
             ErrorKind::Forbidden => "forbidden",
             ErrorKind::NotApproved => "not_approved",
             ErrorKind::AlreadyUsed => "already_used",
@@ -107,8 +113,11 @@ impl GateError {
                 CoreError::Expired { .. } => ErrorKind::Expired,
                 CoreError::SelfApproval { .. } => ErrorKind::SelfApproval,
                 CoreError::Forbidden(_) => ErrorKind::Forbidden,
-                // Separation of duties in a quorum (core quorum.rs): a 403, like a self-approval.
-                CoreError::NotCounted(_) => ErrorKind::Forbidden,
+                // Separation of duties in a quorum (core quorum.rs).
+                CoreError::NotCounted(NotCounted::AlreadyApproved { .. }) => {
+                    ErrorKind::AlreadyApproved
+                }
+                CoreError::NotCounted(NotCounted::NotEligible { .. }) => ErrorKind::NotEligible,
                 CoreError::NotUsable(NotUsable::NotApproved { .. }) => ErrorKind::NotApproved,
                 CoreError::NotUsable(NotUsable::AlreadyUsed { .. }) => ErrorKind::AlreadyUsed,
                 CoreError::NotUsable(NotUsable::ValidityExpired { .. }) => {

@@ -86,6 +86,9 @@ pub struct RequestApprovalOutput {
     pub valid_for_seconds: u64,
     /// True when this is an earlier request returned for a retried idempotency key.
     pub existing: bool,
+    /// When a policy requires several approvals (or approvers from a group): how many.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quorum: Option<QuorumView>,
     /// What to do next.
     pub message: String,
 }
@@ -99,6 +102,7 @@ impl RequestApprovalOutput {
             action_digest: request.action_digest.to_string(),
             valid_for_seconds: request.valid_for_seconds,
             existing,
+            quorum: QuorumView::of(request),
             message: guidance(request),
         }
     }
@@ -113,6 +117,9 @@ pub struct ApproverView {
     pub channel: countersign_core::Channel,
     /// How the approver authenticated (every way countersign knows).
     pub auth_method: countersign_core::AuthMethod,
+    /// The account the approver counted as, on a request that needed a quorum.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
 }
 
 impl ApproverView {
@@ -122,7 +129,70 @@ impl ApproverView {
             display_name: a.display_name.clone(),
             channel: a.channel,
             auth_method: a.auth_method,
+            account: a.account.clone(),
         }
+    }
+}
+
+/// How far a request that needs several approvals has come.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct QuorumView {
+    /// Distinct accounts that must approve.
+    pub required: u32,
+    /// The group (`[groups]`) every approver must be in, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// The approvals recorded so far, in order.
+    pub approvals: Vec<RecordedApprovalView>,
+    /// Approvals still needed (0 once decided).
+    pub still_needed: u32,
+}
+
+/// One approval recorded toward a quorum.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct RecordedApprovalView {
+    pub approver: ApproverView,
+    pub approved_at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub comment: Option<String>,
+}
+
+impl QuorumView {
+    pub fn of(request: &ApprovalRequest) -> Option<Self> {
+        let quorum = request.quorum.as_ref()?;
+        let (so_far, required) = request.quorum_progress()?;
+        let decided = request.status != countersign_core::Status::Pending;
+        Some(Self {
+            required,
+            group: quorum.group.clone(),
+            approvals: request
+                .approvals
+                .iter()
+                .map(|a| RecordedApprovalView {
+                    approver: ApproverView::of(&a.approver),
+                    approved_at: a.approved_at.to_string(),
+                    comment: a.comment.clone(),
+                })
+                .collect(),
+            still_needed: if decided {
+                0
+            } else {
+                required.saturating_sub(so_far)
+            },
+        })
+    }
+
+    /// "1 of 2 approvals; 1 more needed, from sre".
+    pub fn summary(&self) -> String {
+        let so_far = self.approvals.len();
+        let mut line = format!("{so_far} of {} approvals", self.required);
+        if self.still_needed > 0 {
+            line.push_str(&format!("; {} more needed", self.still_needed));
+            if let Some(group) = &self.group {
+                line.push_str(&format!(", from {group}"));
+            }
+        }
+        line
     }
 }
 
@@ -193,6 +263,10 @@ pub struct ApprovalView {
     /// matched, or no policies are configured).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyView>,
+    /// For a request that needs several approvals (or approvers from a group): how many,
+    /// who has approved, and how many are still needed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub quorum: Option<QuorumView>,
     pub decision: Option<DecisionView>,
     /// The signed proof (a DSSE envelope), once decided. Pass it to verify_proof, or
     /// verify it offline with the server's JWKS.
@@ -274,6 +348,7 @@ impl ApprovalView {
                 policy_set: p.policy_set.clone(),
                 on_timeout: p.on_timeout.map(|v| v.as_str().to_string()),
             }),
+            quorum: QuorumView::of(request),
             decision: request.decision.as_ref().map(|d| DecisionView {
                 decision: d.decision.as_str().to_string(),
                 authorization_type: enum_str(&d.authorization_type),
@@ -332,8 +407,12 @@ pub fn guidance(request: &ApprovalRequest) -> String {
         .unwrap_or_default();
     match request.status {
         Status::Pending => format!(
-            "Pending: do NOT perform this action until the request is approved. Call wait_for_approval with request_id {} to wait for the decision (it times out at {}).",
-            request.id, request.expires_at
+            "Pending{}: do NOT perform this action until the request is approved. Call wait_for_approval with request_id {} to wait for the decision (it times out at {}).",
+            QuorumView::of(request)
+                .map(|q| format!(" ({})", q.summary()))
+                .unwrap_or_default(),
+            request.id,
+            request.expires_at
         ),
         Status::Approved => match (request.used(), &request.decision) {
             (Some((at, tool)), _) => format!(
@@ -607,16 +686,19 @@ pub struct RequestView {
 }
 
 impl RequestView {
-    pub fn new(request: &ApprovalRequest, viewer: &countersign_core::Principal) -> Self {
+    /// `accounts`: the viewer's and the requester's accounts ([`crate::gate::Gate::accounts_for`]).
+    pub fn new(
+        request: &ApprovalRequest,
+        viewer: &countersign_core::Principal,
+        accounts: &countersign_core::DecisionAccounts,
+    ) -> Self {
         let pending = request.status == Status::Pending;
         let reason = if !pending {
             None
         } else if !viewer.role.may_decide() {
             Some("An agent credential cannot decide requests.".to_string())
-        } else if request.requested_by.id == viewer.id {
-            Some("You asked for this request, so another approver must decide it.".to_string())
         } else {
-            None
+            request.why_not_decider(viewer, accounts)
         };
         Self {
             view: ApprovalView::new(request),

@@ -34,6 +34,7 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
         backup_dir: Some(config.data_dir.join("backups")),
         max_waits_per_token: config.server.max_waits_per_token,
         groups: config.guards.groups.clone(),
+        identities: config.guards.identities.clone(),
         room_messages_per_minute: config.guards.room_messages_per_minute,
         pending_per_agent: config.guards.pending_per_agent,
         policy: config.policy.clone(),

@@ -17,8 +17,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use countersign_core::{
-    ApprovalRequest, Channel, Clock, CoreError, Decider, DecisionInput, Jwks, Limits, NewRequest,
-    Principal, Status, Timestamp, Transition, Verdict,
+    ApprovalRequest, Channel, Clock, CoreError, Decider, DecisionAccounts, DecisionInput, Jwks,
+    Limits, NewRequest, Principal, Status, Timestamp, Transition, Verdict,
 };
 use countersign_store::{CAS_TRIES, ChangeFeed, Created, RequestQuery, Store, StoreError};
 use tokio::time::Instant;
@@ -35,7 +35,9 @@ use crate::rooms::Rooms;
 pub use builder::{GateBuilder, Keys};
 pub use evidence::{EvidenceTurn, Redeemed, ReviewerSettings};
 pub use keys::Trusted;
-pub use policy::{PolicySettings, TOOL_DETAIL, read_files as read_policy_files};
+pub use policy::{
+    PolicySettings, TOOL_DETAIL, load_set as load_policy_set, read_files as read_policy_files,
+};
 pub use recipients::Recipients;
 pub use tokens::NewToken;
 pub use visibility::EntryShown;
@@ -97,8 +99,12 @@ pub struct Settings {
     /// How many waits (REST long polls, MCP `wait_for_approval`, room waits) one
     /// credential may have open at once.
     pub max_waits_per_token: usize,
-    /// Named groups of principals (`[groups]`), which rooms may be restricted to.
+    /// Named groups of principals (`[groups]`), which rooms may be restricted to and
+    /// quorums may require their approvers from.
     pub groups: countersign_core::Groups,
+    /// The dashboard account each token and OS user belongs to (`[tokens] accounts`,
+    /// `[cli] accounts`): quorum and separation of duties count accounts.
+    pub identities: countersign_core::Identities,
     /// How many room messages one principal may post per minute (0: no limit).
     pub room_messages_per_minute: u32,
     /// How many pending requests one requester may have at once (`None`: no limit).
@@ -141,6 +147,7 @@ impl Default for Settings {
             session_seconds: DEFAULT_SESSION_SECONDS,
             max_waits_per_token: DEFAULT_MAX_WAITS_PER_TOKEN,
             groups: countersign_core::Groups::default(),
+            identities: countersign_core::Identities::default(),
             room_messages_per_minute: crate::rooms::DEFAULT_MESSAGES_PER_MINUTE,
             pending_per_agent: None,
             policy: None,
@@ -507,11 +514,14 @@ impl Gate {
         channel: Channel,
     ) -> Result<ApprovalRequest, GateError> {
         let signer = self.keys.signer();
+        let by = decider.principal();
         self.transition(id, |request, now| {
-            Ok(request.decide(
+            let accounts = self.accounts_for(request, by);
+            Ok(request.decide_as(
                 verdict,
                 input.clone(),
-                decider.principal(),
+                by,
+                &accounts,
                 channel,
                 now,
                 new_nonce()?,
@@ -520,6 +530,17 @@ impl Gate {
             )?)
         })
         .await
+    }
+
+    /// The accounts `by` and the requester of `request` count as (`[tokens] accounts`,
+    /// `[cli] accounts`), and whether `by` is in the group its quorum names.
+    pub fn accounts_for(&self, request: &ApprovalRequest, by: &Principal) -> DecisionAccounts {
+        DecisionAccounts::mapped(
+            request,
+            by,
+            &self.settings.identities,
+            &self.settings.groups,
+        )
     }
 
     /// Decides as [`Gate::decide`], unless the request moved on since the decider saw

@@ -8,8 +8,8 @@ use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use countersign_core::{
-    ApprovalRequest, AuthorizationType, Event, EventKind, PolicyHold, PolicyRef, Principal,
-    Timestamp, Transition, Verdict,
+    ApprovalRequest, AuthorizationType, Event, EventKind, Groups, PolicyHold, PolicyRef, Principal,
+    Quorum, Timestamp, Transition, Verdict,
 };
 use countersign_policy::{Input, OnTimeout, Outcome, PolicyFile, PolicySet, RESOURCE};
 use countersign_store::{Docs, RequestQuery, StoreError, collection, kinds};
@@ -95,6 +95,30 @@ pub fn read_files(paths: &[PathBuf]) -> Result<Vec<PolicyFile>, String> {
         .collect()
 }
 
+/// Loads `files` into a set, refusing one whose `@approvers` name a group `[groups]`
+/// lacks (a quorum nobody could meet): what `serve`, `policy validate` and `doctor` load.
+pub fn load_set(files: Vec<PolicyFile>, groups: &Groups) -> Result<PolicySet, String> {
+    let set = PolicySet::load(files).map_err(|e| e.to_string())?;
+    for policy in set.policies() {
+        for group in &policy.requirements.approvers {
+            if !groups.exists(group) {
+                let known: Vec<&str> = groups.names().collect();
+                return Err(format!(
+                    "policy {:?} ({}) requires approvers from group {group:?}, which [groups] does not define (known: {})",
+                    policy.id,
+                    policy.file,
+                    if known.is_empty() {
+                        "none".to_string()
+                    } else {
+                        known.join(", ")
+                    }
+                ));
+            }
+        }
+    }
+    Ok(set)
+}
+
 /// What a rule decided at once, and by which policy of which set (the set evaluated,
 /// even if a reload has put another in force since).
 pub(crate) struct Ruling {
@@ -132,7 +156,7 @@ impl Gate {
         // Taken before reading: a change made after it is seen by the next look.
         self.policies.read_as(stamp(&settings.files));
         let files = read_files(&settings.files).map_err(GateError::BadInput)?;
-        let set = PolicySet::load(files).map_err(|e| GateError::BadInput(e.to_string()))?;
+        let set = load_set(files, &self.settings.groups).map_err(GateError::BadInput)?;
         self.log_policy_set(&set).await?;
         if set.digest() != self.policies().digest() {
             tracing::info!(
@@ -245,6 +269,19 @@ impl Gate {
                 policies,
                 requirements,
             } => {
+                if let Some(groups) = requirements.conflicting_groups() {
+                    // No approver can be asked to come from two groups: refused, signed,
+                    // naming the policies (fail closed rather than pick one of them).
+                    tracing::warn!(
+                        request = %request.id,
+                        groups = %groups.join(", "),
+                        "matching policies require approvers from different groups; the request is refused"
+                    );
+                    return Ok(Some(Ruling {
+                        verdict: Verdict::Rejected,
+                        policy: by(policies.join(",")),
+                    }));
+                }
                 let request = &mut transition.request;
                 if let Some(hours) = requirements.timeout_hours {
                     let seconds = (hours * 3600.0).round() as u64;
@@ -262,6 +299,13 @@ impl Gate {
                     }),
                 });
                 transition.event = Event::created(&transition.request);
+                if requirements.approvals.is_some() || !requirements.approvers.is_empty() {
+                    let quorum = Quorum::new(
+                        requirements.approvals.unwrap_or(1),
+                        requirements.approvers.first().map(String::as_str),
+                    )?;
+                    transition.require_quorum(quorum)?;
+                }
                 None
             }
         };

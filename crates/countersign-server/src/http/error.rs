@@ -22,8 +22,11 @@ pub fn status(kind: ErrorKind) -> StatusCode {
         | ErrorKind::AlreadyUsed
         | ErrorKind::ApprovalExpired
         | ErrorKind::ActionMismatch
-        | ErrorKind::IdempotencyMismatch => StatusCode::CONFLICT,
-        ErrorKind::SelfApproval | ErrorKind::Forbidden => StatusCode::FORBIDDEN,
+        | ErrorKind::IdempotencyMismatch
+        | ErrorKind::AlreadyApproved => StatusCode::CONFLICT,
+        ErrorKind::SelfApproval | ErrorKind::NotEligible | ErrorKind::Forbidden => {
+            StatusCode::FORBIDDEN
+        }
         ErrorKind::NotFound => StatusCode::NOT_FOUND,
         ErrorKind::Unauthenticated => StatusCode::UNAUTHORIZED,
         ErrorKind::Unavailable => StatusCode::SERVICE_UNAVAILABLE,

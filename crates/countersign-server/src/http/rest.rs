@@ -149,7 +149,8 @@ pub(super) async fn get_request(
     ApiPath(id): ApiPath<String>,
 ) -> Result<Json<RequestView>, ApiError> {
     let request = gate.get(&who, &id).await?;
-    Ok(Json(RequestView::new(&request, &who)))
+    let accounts = gate.accounts_for(&request, &who);
+    Ok(Json(RequestView::new(&request, &who, &accounts)))
 }
 
 input!(WaitParams { timeout_seconds: Option<u64> });
@@ -192,7 +193,12 @@ pub(super) async fn decide(
             channel,
         )
         .await?;
-    Ok(Json(RequestView::new(&request, decider.principal())))
+    let accounts = gate.accounts_for(&request, decider.principal());
+    Ok(Json(RequestView::new(
+        &request,
+        decider.principal(),
+        &accounts,
+    )))
 }
 
 pub(super) async fn cancel(

@@ -430,7 +430,7 @@ pub(super) async fn list_requests(
     let views: Vec<ListedRequest> = requests
         .iter()
         .map(|r| ListedRequest {
-            view: RequestView::new(r, &viewer),
+            view: RequestView::new(r, &viewer, &state.gate.accounts_for(r, &viewer)),
             why: WhyView::of(r, &set, since).map(WhyView::brief),
         })
         .collect();

@@ -125,6 +125,27 @@ pub fn compose(
             request.requested_fields.join(", ")
         ));
     }
+    let quorum = crate::views::QuorumView::of(request).map(|q| {
+        let who: Vec<String> = q
+            .approvals
+            .iter()
+            .map(|a| {
+                format!(
+                    "{} via {}",
+                    a.approver.display_name,
+                    a.approver.channel.as_str()
+                )
+            })
+            .collect();
+        if who.is_empty() {
+            q.summary()
+        } else {
+            format!("{} (approved by {})", q.summary(), who.join(", "))
+        }
+    });
+    if let Some(line) = &quorum {
+        text.push_str(&format!("Approvals: {line}\n"));
+    }
     if !ask {
         text.push_str(&format!("\n{outcome}\n"));
         if let Some(comment) = request.decision.as_ref().and_then(|d| d.comment.as_deref()) {
@@ -185,6 +206,13 @@ pub fn compose(
             .map(|c| format!("<blockquote style=\"border-left:3px solid #ccc;margin:8px 0;padding-left:10px\">{}</blockquote>", html_esc(c)))
             .unwrap_or_default();
         format!("<p><strong>{}</strong></p>{comment}", html_esc(&outcome))
+    };
+    let outcome_html = match &quorum {
+        Some(line) => format!(
+            "<p><strong>Approvals:</strong> {}</p>{outcome_html}",
+            html_esc(line)
+        ),
+        None => outcome_html,
     };
     let html = format!(
         "<!doctype html><html><body style=\"font-family:-apple-system,Segoe UI,Helvetica,Arial,sans-serif;color:#111;max-width:640px\">\

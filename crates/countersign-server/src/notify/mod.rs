@@ -500,10 +500,11 @@ pub(crate) fn message_id(origin: &str, delivery_id: &str) -> String {
 
 /// The event types notifications are sent for (webhooks subscribe to these), with
 /// the log event each names.
-const NOTIFIED: [(countersign_core::EventKind, &str); 8] = {
+const NOTIFIED: [(countersign_core::EventKind, &str); 9] = {
     use countersign_core::EventKind::*;
     [
         (RequestCreated, "request.created"),
+        (RequestApprovalRecorded, "request.approval_recorded"),
         (RequestDecided, "request.decided"),
         (RequestTimedOut, "request.timed_out"),
         (RequestCancelled, "request.cancelled"),
@@ -515,8 +516,8 @@ const NOTIFIED: [(countersign_core::EventKind, &str); 8] = {
 };
 
 /// The event types a webhook may subscribe to.
-pub const EVENT_TYPES: [&str; 8] = {
-    let mut names = [""; 8];
+pub const EVENT_TYPES: [&str; 9] = {
+    let mut names = [""; 9];
     let mut i = 0;
     while i < NOTIFIED.len() {
         names[i] = NOTIFIED[i].1;
@@ -565,6 +566,7 @@ mod tests {
         use countersign_core::EventKind;
         let named: Vec<&str> = [
             EventKind::RequestCreated,
+            EventKind::RequestApprovalRecorded,
             EventKind::RequestDecided,
             EventKind::RequestTimedOut,
             EventKind::RequestCancelled,
@@ -580,7 +582,7 @@ mod tests {
         .collect();
         assert_eq!(
             named, EVENT_TYPES,
-            "the seven request events and the audit's mismatch, in order, and no others"
+            "the eight request events and the audit's mismatch, in order, and no others"
         );
     }
 }

@@ -84,7 +84,13 @@ pub async fn plan(
                 out.extend(created_deliveries(config, gate, request, event, now).await?)
             }
             "request.decided" | "request.timed_out" | "request.cancelled" => {
-                out.extend(closing_deliveries(config, gate, request, kind, now).await?);
+                out.extend(closing_deliveries(config, gate, request, kind, None, now).await?);
+            }
+            // One approval of several: the Slack messages show how far it has come; the
+            // emailed links stay valid for the approvers still needed.
+            "request.approval_recorded" => {
+                let progress = Some(event.seq);
+                out.extend(closing_deliveries(config, gate, request, kind, progress, now).await?);
             }
             _ => {}
         }
@@ -313,11 +319,14 @@ fn route_deliveries(
 
 /// A closed request: every Slack message sent for it is updated, and everyone emailed
 /// about it gets a follow-up (when enabled). Its unused email tokens are dropped.
+/// The updates a request's change calls for: its Slack messages updated, and, once it
+/// is closed (`progress` is `None`), email follow-ups and its links forgotten.
 async fn closing_deliveries(
     config: &NotifyConfig,
     gate: &Gate,
     request: &ApprovalRequest,
     kind: &str,
+    progress: Option<u64>,
     now: Timestamp,
 ) -> Result<Vec<Delivery>, GateError> {
     let mut out = Vec::new();
@@ -333,9 +342,13 @@ async fn closing_deliveries(
                 &m.channel,
                 &m.ts,
                 kind,
+                progress,
                 now,
             ));
         }
+    }
+    if progress.is_some() {
+        return Ok(out);
     }
     if let Some(email) = &config.email {
         if email.follow_ups {

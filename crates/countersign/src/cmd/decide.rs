@@ -153,6 +153,15 @@ pub async fn decide(
             "{}",
             serde_json::to_string_pretty(&ApprovalView::new(&decided))?
         );
+    } else if let Some(quorum) = countersign_server::views::QuorumView::of(&decided)
+        .filter(|_| decided.status == Status::Pending)
+    {
+        println!(
+            "{} approval recorded as {}: {}",
+            decided.id,
+            runtime::os_user(),
+            quorum.summary()
+        );
     } else {
         let valid = decided
             .decision

@@ -423,7 +423,7 @@ fn check_policies(config: &Config, r: &mut Report) {
         return;
     };
     let loaded = countersign_server::gate::read_policy_files(&policy.files)
-        .and_then(|files| countersign_policy::PolicySet::load(files).map_err(|e| e.to_string()));
+        .and_then(|files| countersign_server::gate::load_policy_set(files, &config.guards.groups));
     match loaded {
         Ok(set) => r.ok(&format!(
             "policies: {} in {} file(s), zone {}, policy set {}",

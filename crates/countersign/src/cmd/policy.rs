@@ -216,5 +216,6 @@ fn load(config: &Config, args: &FilesArgs) -> anyhow::Result<PolicySet> {
         args.files.clone()
     };
     let files = read_policy_files(&paths).map_err(anyhow::Error::msg)?;
-    PolicySet::load(files).map_err(anyhow::Error::from)
+    countersign_server::gate::load_policy_set(files, &config.guards.groups)
+        .map_err(anyhow::Error::msg)
 }

@@ -23,6 +23,7 @@ pub struct FileConfig {
     pub database_url: Option<String>,
     pub keys_dir: Option<PathBuf>,
     pub cli: Option<CliSection>,
+    pub tokens: Option<TokensSection>,
     pub server: Option<ServerSection>,
     pub log: Option<LogSection>,
     pub evidence: Option<EvidenceSection>,
@@ -62,6 +63,19 @@ pub struct ChannelSections {
 #[serde(deny_unknown_fields)]
 pub struct CliSection {
     pub unattended_decisions: Option<bool>,
+    /// OS user → dashboard username: whose account a terminal decision counts as.
+    #[serde(default)]
+    pub accounts: BTreeMap<String, String>,
+}
+
+/// `[tokens]`: what the config says of tokens.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TokensSection {
+    /// Token name → dashboard username: whose account the token's decisions count as
+    /// (and whose requests its account may not approve).
+    #[serde(default)]
+    pub accounts: BTreeMap<String, String>,
 }
 
 /// `[server]`: what a connection, a credential and an account may hold at once.

@@ -7,7 +7,7 @@
 use std::collections::BTreeMap;
 
 use anyhow::{Context, bail};
-use countersign_core::Groups;
+use countersign_core::{Groups, Identities};
 use serde::Deserialize;
 
 #[derive(Debug, Default, Deserialize)]
@@ -33,13 +33,33 @@ pub struct LimitsSection {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Guards {
     pub groups: Groups,
+    /// `[tokens] accounts` and `[cli] accounts`: the account each identity counts as.
+    pub identities: Identities,
     pub room_messages_per_minute: u32,
     pub pending_per_agent: Option<usize>,
     pub digest: Option<countersign_server::notify::DigestConfig>,
 }
 
+/// The identities `[tokens] accounts` (token name → username) and `[cli] accounts` (OS
+/// user → username) map to dashboard accounts.
+pub fn identities(
+    tokens: &BTreeMap<String, String>,
+    os_users: &BTreeMap<String, String>,
+) -> anyhow::Result<Identities> {
+    let tokens = tokens
+        .iter()
+        .map(|(name, user)| (format!("token:{name}"), user.clone()));
+    let os_users = os_users
+        .iter()
+        .map(|(name, user)| (format!("local:{name}"), user.clone()));
+    Identities::new(tokens.chain(os_users))
+        .map_err(anyhow::Error::msg)
+        .context("[tokens] accounts / [cli] accounts")
+}
+
 pub fn resolve(
     groups: Option<BTreeMap<String, Vec<String>>>,
+    identities: Identities,
     rooms: Option<RoomsSection>,
     limits: Option<LimitsSection>,
 ) -> anyhow::Result<Guards> {
@@ -76,6 +96,7 @@ pub fn resolve(
     };
     Ok(Guards {
         groups,
+        identities,
         room_messages_per_minute,
         pending_per_agent: limits.pending_per_agent,
         digest,
@@ -88,7 +109,7 @@ mod tests {
 
     #[test]
     fn sections_resolve_with_their_defaults_and_bounds() {
-        let guards = resolve(None, None, None).unwrap();
+        let guards = resolve(None, Identities::default(), None, None).unwrap();
         assert_eq!(
             guards.room_messages_per_minute,
             countersign_server::rooms::DEFAULT_MESSAGES_PER_MINUTE
@@ -98,6 +119,7 @@ mod tests {
         let groups = BTreeMap::from([("ops".to_string(), vec!["token:bot".to_string()])]);
         let guards = resolve(
             Some(groups),
+            Identities::default(),
             Some(RoomsSection {
                 messages_per_minute: Some(5),
             }),
@@ -120,12 +142,28 @@ mod tests {
         );
 
         let bad = BTreeMap::from([("ops".to_string(), vec!["bot".to_string()])]);
-        let err = resolve(Some(bad), None, None).unwrap_err();
+        let err = resolve(Some(bad), Identities::default(), None, None).unwrap_err();
         assert!(format!("{err:#}").contains("not a principal id"), "{err:#}");
         let zero = LimitsSection {
             pending_per_agent: Some(0),
             ..LimitsSection::default()
         };
-        assert!(resolve(None, None, Some(zero)).is_err());
+        assert!(resolve(None, Identities::default(), None, Some(zero)).is_err());
+    }
+
+    #[test]
+    fn tokens_and_os_users_map_to_accounts() {
+        let tokens = BTreeMap::from([("alice-laptop".to_string(), "alice".to_string())]);
+        let os = BTreeMap::from([("al".to_string(), "alice".to_string())]);
+        let ids = identities(&tokens, &os).unwrap();
+        assert_eq!(ids.account_of("token:alice-laptop"), "user:alice");
+        assert_eq!(ids.account_of("local:al"), "user:alice");
+        let bad = BTreeMap::from([("x".to_string(), "not a name".to_string())]);
+        let err = identities(&bad, &BTreeMap::new()).unwrap_err();
+        let err = format!("{err:#}");
+        assert!(
+            err.contains("[tokens] accounts") && err.contains("not a dashboard username"),
+            "{err}"
+        );
     }
 }

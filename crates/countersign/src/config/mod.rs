@@ -13,6 +13,7 @@ mod env;
 mod file;
 mod guards;
 
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::ops::RangeInclusive;
 use std::path::PathBuf;
@@ -134,6 +135,7 @@ impl Config {
             database_url,
             keys_dir,
             cli,
+            tokens,
             server,
             log,
             evidence,
@@ -182,7 +184,11 @@ impl Config {
             email,
         };
         let mut notify = channels::resolve(channels, &env, &http.public_url)?;
-        let guards = guards::resolve(groups, rooms, limits)?;
+        let identities = guards::identities(
+            &tokens.map(|t| t.accounts).unwrap_or_default(),
+            cli.as_ref().map_or(&BTreeMap::new(), |c| &c.accounts),
+        )?;
+        let guards = guards::resolve(groups, identities, rooms, limits)?;
         notify.digest = guards.digest;
         Ok(Self {
             notify,

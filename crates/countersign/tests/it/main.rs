@@ -17,4 +17,5 @@ mod evidence;
 mod external_clients;
 mod instances;
 mod policies;
+mod quorum;
 mod webhooks;

@@ -83,6 +83,24 @@ pub fn request_message(request: &ApprovalRequest, public_url: &str, reminder: bo
     );
     let mut blocks = vec![json!({"type": "header", "text": plain(title)})];
     blocks.extend(action_blocks(request));
+    if let Some(quorum) = crate::views::QuorumView::of(request) {
+        let mut line = format!("*{}*", esc(&quorum.summary()));
+        if !quorum.approvals.is_empty() {
+            let who: Vec<String> = quorum
+                .approvals
+                .iter()
+                .map(|a| {
+                    format!(
+                        "{} via {}",
+                        esc(&a.approver.display_name),
+                        a.approver.channel.as_str()
+                    )
+                })
+                .collect();
+            line.push_str(&format!(" · approved by {}", who.join(", ")));
+        }
+        blocks.push(json!({"type": "context", "elements": [mrkdwn(&cut(&line, 3000))]}));
+    }
     if !request.requested_fields.is_empty() {
         blocks.push(json!({
             "type": "context",

@@ -88,7 +88,10 @@ pub fn is_user_id(to: &str) -> bool {
 // ---- deliveries -------------------------------------------------------------------------
 
 /// The delivery that updates one posted message (`message_delivery_id` posted it, as
-/// `ts` in `channel`) to its request's outcome.
+/// `ts` in `channel`) to its request's state: its outcome, or (`progress`: the log
+/// index of an approval recorded toward a quorum) how far its quorum has come, each
+/// progress its own delivery so that none of them stands in for the final update.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn update(
     origin: &str,
     request_id: &str,
@@ -96,11 +99,16 @@ pub(crate) fn update(
     channel: &str,
     ts: &str,
     event_type: &str,
+    progress: Option<u64>,
     now: Timestamp,
 ) -> Delivery {
+    let id = match progress {
+        Some(index) => format!("progress.{index}.{request_id}.{message_delivery_id}"),
+        None => format!("update.{request_id}.{message_delivery_id}"),
+    };
     let mut d = Delivery::new(
         origin,
-        format!("update.{request_id}.{message_delivery_id}"),
+        id,
         Some(request_id.to_string()),
         event_type,
         DeliveryChannel::SlackUpdate {
@@ -172,6 +180,7 @@ pub(super) async fn send_post(
             &channel,
             &ts,
             "request.decided",
+            None,
             now,
         );
         later.push(update);
@@ -190,7 +199,13 @@ pub(super) async fn send_update(out: &Outbound, delivery: &Delivery) -> SendResu
         .and_then(|b| serde_json::from_str(b).ok())
         .ok_or_else(|| permanent("the update names no message"))?;
     let request = out.request(delivery).await?;
-    let mut body = final_message(&request);
+    // Still pending (an approval recorded toward a quorum): the request with its
+    // buttons and how far it has come; closed: the outcome.
+    let mut body = if request.status == countersign_core::Status::Pending {
+        request_message(&request, &out.config.public_url, false)
+    } else {
+        final_message(&request)
+    };
     body["channel"] = target["channel"].clone();
     body["ts"] = target["ts"].clone();
     call(&out.http, config, "chat.update", &body)
