@@ -723,6 +723,31 @@ def test_policy_proofs(ctx: Context, results: Results) -> None:
                 check("3 are required" in str(e), f"{label}: a short quorum was refused for {e}")
             else:
                 raise AssertionError(f"{label}: two approvers passed a check for three")
-        print(f"    {label}: policy approval, policy refusal, fallback and quorum proofs verified (policy set {expected_set[:19]}...)")
+
+            # A standing grant the approver gives over REST approves the agent's next
+            # request of that tool within its ceiling: a "grant" proof naming grant and maker.
+            given = await anyio.to_thread.run_sync(
+                lambda: http(
+                    "POST",
+                    ctx.url("/api/v1/grants"),
+                    {"agent": f"token:{ctx.agent_name}", "tool": "py_topup", "max": {"amount": "20"}, "max_uses": 1},
+                    token=ctx.approver_token,
+                )
+            )
+            check(given.status == 201, f"{label}: a grant: {given.status} {given.body!r}")
+            grant_id = given.json()["id"]
+            action, created = await request(client, "py_topup", {"amount": "15"})
+            check(created["status"] == "approved", f"{label}: a request inside a grant came back {created['status']}")
+            view = structured(await client.call_tool("check_approval", {"request_id": created["request_id"]}), f"{label}: check_approval")
+            statement = verify_proof.verify(view["proof"], jwks, expected_action=action, expected_request_id=created["request_id"])
+            check(statement["authorization_type"] == "grant", f"{label}: {statement['authorization_type']}")
+            check(statement["grant"]["id"] == grant_id, f"{label}: the proof names grant {statement['grant']}")
+            check(
+                statement["grant"]["granted_by"]["id"] == f"token:{ctx.approver_name}",
+                f"{label}: the grant's maker is {statement['grant']['granted_by']}",
+            )
+            _, beyond = await request(client, "py_topup", {"amount": "15"})
+            check(beyond["status"] == "pending", f"{label}: a used-up grant approved again: {beyond['status']}")
+        print(f"    {label}: policy approval, policy refusal, fallback, quorum and grant proofs verified (policy set {expected_set[:19]}...)")
 
     anyio.run(main)

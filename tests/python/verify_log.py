@@ -83,7 +83,11 @@ ENTRY_TYPES = {
     "blocker_resolved",
     "audit_mismatch",
     "policy_set_loaded",
+    "grant_created",
+    "grant_used",
+    "grant_revoked",
 }
+GRANT_EVENTS = {"grant_created", "grant_used", "grant_revoked"}
 USER_EVENTS = {"user_created", "user_activated", "user_disabled"}
 ROOM_EVENTS = {t for t in ENTRY_TYPES if t.startswith(("room_", "member_"))} | {
     "presence_set",
@@ -121,10 +125,13 @@ DATA_MEMBERS = {
     "blocker_resolved": {"room", "ref", "author"},
     "audit_mismatch": {"differences", "tables", "rows"},
     "policy_set_loaded": {"policy_set", "files"},
+    "grant_created": {"grant_id", "agent", "tool", "granted_by", "expires_at", "max_uses", "from_request"},
+    "grant_used": {"grant_id", "request_id", "uses"},
+    "grant_revoked": {"grant_id"},
 }
 # `data` members some entries of a type have (docs/policies.md): a request policies sent
 # to people, a decision a policy made, a request that needs a quorum (docs/log-format.md).
-OPTIONAL_DATA = {"request_created": {"policy", "quorum"}, "request_decided": {"policy"}}
+OPTIONAL_DATA = {"request_created": {"policy", "quorum"}, "request_decided": {"policy", "grant"}}
 # Members of the opened payload by type.
 PAYLOAD_MEMBERS = {
     "request_created": {"action", "recipient_email", "recipient_slack"},
@@ -139,6 +146,7 @@ PAYLOAD_MEMBERS = {
     "question_answered": {"text"},
     "blocker_resolved": {"reply"},
     "policy_set_loaded": {"files"},
+    "grant_created": {"exact", "max"},
 }
 # Types whose doc row says "committed payload: none".
 NO_PAYLOAD = ENTRY_TYPES - set(PAYLOAD_MEMBERS)
@@ -482,6 +490,9 @@ def parse_entry(raw: bytes, what: str = "entry") -> dict[str, Any]:
     elif kind == "decision_recorded":
         if not (isinstance(subject, str) and subject.startswith("dec_")):
             raise LogError(f"{what}: a decision_recorded entry's subject is {subject!r}")
+    elif kind in GRANT_EVENTS:
+        if not (isinstance(subject, str) and subject.startswith("grt_") and subject == entry["data"].get("grant_id")):
+            raise LogError(f"{what}: a {kind} entry's subject is {subject!r}, not its grant")
     elif kind in ROOM_EVENTS:
         if not (isinstance(subject, str) and subject.startswith("room:")):
             raise LogError(f"{what}: a {kind} entry's subject is {subject!r}, not a room")

@@ -242,7 +242,7 @@ def verify(
         raise VerificationError(f"decision is {statement['decision']!r}")
     if statement["decision"] != expected_decision:
         raise VerificationError(f"decision is {statement['decision']!r}, expected {expected_decision!r}")
-    if statement["authorization_type"] not in ("human", "policy", "fallback"):
+    if statement["authorization_type"] not in ("human", "policy", "fallback", "grant"):
         raise VerificationError(f"authorization_type is {statement['authorization_type']!r}")
     if expected_request_id is not None and statement["request_id"] != expected_request_id:
         raise VerificationError(
@@ -278,6 +278,23 @@ def verify(
             raise VerificationError("the statement names no approver")
         if "policy" in statement:
             raise VerificationError("a human decision names a policy")
+    elif statement["authorization_type"] == "grant":
+        # A standing grant a person gave earlier (docs/policies.md#standing-grants): no
+        # approver of its own; the grant and its maker.
+        if approvers:
+            raise VerificationError(f"a grant decision names approvers {approvers!r}")
+        grant = statement.get("grant")
+        maker = grant.get("granted_by") if isinstance(grant, dict) else None
+        if not (
+            isinstance(grant, dict)
+            and isinstance(grant.get("id"), str)
+            and grant["id"]
+            and isinstance(maker, dict)
+            and all(isinstance(maker.get(m), str) and maker[m] for m in ("id", "display_name", "channel", "auth_method"))
+        ):
+            raise VerificationError(f"a grant decision names no grant and maker: {grant!r}")
+        if "policy" in statement:
+            raise VerificationError("a grant decision names a policy")
     else:
         # A rule decided (docs/policies.md): no person, and the policy behind it.
         if approvers:

@@ -81,6 +81,8 @@ pub struct Audit {
     broken: HashSet<String>,
     tokens: HashMap<String, ImpliedToken>,
     users: HashMap<String, ImpliedUser>,
+    /// Standing grants as the log implies them (a grant's JSON, without its proof).
+    grants: HashMap<String, Map<String, Value>>,
     rooms: HashMap<String, Room>,
     members: HashSet<(String, String)>,
     /// Room entries whose opening is gone: fine only if the room was purged.
@@ -304,6 +306,7 @@ impl Audit {
                             valid_until: field(data, "valid_until")?,
                             nonce: field(data, "nonce")?,
                             policy: field(data, "policy")?,
+                            grant: field(data, "grant")?,
                         };
                         request.status = decision.decision.status();
                         request.decision = Some(decision);
@@ -430,6 +433,67 @@ impl Audit {
             EventKind::MemberLeft | EventKind::MemberKicked => {
                 self.members
                     .remove(&(field(data, "room")?, field(data, "member")?));
+            }
+            EventKind::GrantCreated => {
+                let id: String = field(data, "grant_id")?;
+                let mut grant = Map::new();
+                for key in [
+                    "agent",
+                    "tool",
+                    "granted_by",
+                    "expires_at",
+                    "max_uses",
+                    "from_request",
+                ] {
+                    grant.insert(key.into(), data.get(key).cloned().unwrap_or(Value::Null));
+                }
+                grant.insert("id".into(), to_json(&id));
+                grant.insert("granted_at".into(), to_json(&entry.at));
+                for key in ["exact", "max"] {
+                    let bounds = payload
+                        .get(key)
+                        .cloned()
+                        .unwrap_or(Value::Object(Map::new()));
+                    grant.insert(key.into(), bounds);
+                }
+                grant.insert("uses".into(), Value::from(0));
+                grant.insert("revoked_at".into(), Value::Null);
+                grant.insert("revoked_by".into(), Value::Null);
+                if self.grants.insert(id.clone(), grant).is_some() {
+                    return Err(format!("grant {id} is created a second time"));
+                }
+            }
+            EventKind::GrantUsed | EventKind::GrantRevoked => {
+                let id: String = field(data, "grant_id")?;
+                let Some(grant) = self.grants.get_mut(&id) else {
+                    return Err(format!("grant {id} was never created"));
+                };
+                if grant.get("revoked_at").is_some_and(|v| !v.is_null()) {
+                    return Err(format!(
+                        "grant {id} is {} after it was revoked",
+                        entry.kind.as_str()
+                    ));
+                }
+                if entry.kind == EventKind::GrantRevoked {
+                    grant.insert("revoked_at".into(), to_json(&entry.at));
+                    grant.insert("revoked_by".into(), to_json(&actor));
+                } else {
+                    let uses = grant.get("uses").and_then(Value::as_u64).unwrap_or(0) + 1;
+                    let said: u64 = field(data, "uses")?;
+                    if said != uses {
+                        return Err(format!(
+                            "it says use {said} of grant {id}, the log has {uses}"
+                        ));
+                    }
+                    let max = grant.get("max_uses").and_then(Value::as_u64);
+                    if max.is_some_and(|m| uses > m) {
+                        return Err(format!(
+                            "grant {id} is used more than its {} uses",
+                            max.unwrap_or(0)
+                        ));
+                    }
+                    grant.insert("uses".into(), Value::from(uses));
+                }
             }
             // Recorded decisions, key rotations and endorsements, presence and messages
             // live in the log (and their payloads) only: their openings were checked
@@ -589,6 +653,20 @@ impl Audit {
         }
     }
 
+    /// A standing grant as stored (its document's body). Each once.
+    pub fn grant(&mut self, id: &str, body: &Value) {
+        self.rows += 1;
+        let Some(implied) = self.grants.remove(id) else {
+            self.differ("grants", id, "the log has no grant_created entry for it");
+            return;
+        };
+        let mut row = body.as_object().cloned().unwrap_or_default();
+        row.remove("proof");
+        for what in diff_objects(&Value::Object(row), &Value::Object(implied)) {
+            self.differ("grants", id, what);
+        }
+    }
+
     /// A room as stored. Each once.
     pub fn room(&mut self, row: &Room) {
         self.rows += 1;
@@ -639,6 +717,9 @@ impl Audit {
         }
         for id in self.users.keys() {
             missing.push(Difference::new("users", id, "missing: the log records it"));
+        }
+        for id in self.grants.keys() {
+            missing.push(Difference::new("grants", id, "missing: the log records it"));
         }
         for name in self.rooms.keys() {
             missing.push(Difference::new(

@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::CoreError;
 use crate::event::Event;
+use crate::grant::GrantRef;
 use crate::keys::Signer;
 use crate::principal::{Approver, Channel, Principal};
 use crate::proof::{AuthorizationType, Envelope, PolicyRef, Statement};
@@ -72,6 +73,9 @@ pub struct Decision {
     /// The policy behind a `policy` or `fallback` decision.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyRef>,
+    /// The standing grant behind a `grant` decision, and its maker.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<GrantRef>,
 }
 
 /// Evidence that an approved action was carried out. Its presence consumes the approval.
@@ -205,6 +209,7 @@ impl ApprovalRequest {
             valid_until: at.plus_seconds(self.valid_for_seconds),
             nonce,
             policy: None,
+            grant: None,
         }
     }
 
@@ -242,10 +247,10 @@ impl ApprovalRequest {
         nonce: String,
         signer: &Signer,
     ) -> Result<Transition, CoreError> {
-        if kind == AuthorizationType::Human {
+        if matches!(kind, AuthorizationType::Human | AuthorizationType::Grant) {
             return Err(CoreError::invalid(
                 "authorization_type",
-                "a rule's decision is policy or fallback, never human",
+                "a rule's decision is policy or fallback, never human or grant",
             ));
         }
         if self.status != Status::Pending {
@@ -272,6 +277,7 @@ impl ApprovalRequest {
             valid_until: now.plus_seconds(self.valid_for_seconds),
             nonce,
             policy: Some(policy),
+            grant: None,
         };
         Ok(self.signed(decision, signer))
     }

@@ -59,6 +59,11 @@ pub enum EventKind {
     AuditMismatch,
     /// A policy set was loaded (its digest, file names, and their text in the payload).
     PolicySetLoaded,
+    /// A person gave a standing grant (its bounds in the payload).
+    GrantCreated,
+    /// A grant approved a request (one more use).
+    GrantUsed,
+    GrantRevoked,
 }
 
 impl EventKind {
@@ -96,6 +101,9 @@ impl EventKind {
             EventKind::BlockerResolved => "blocker_resolved",
             EventKind::AuditMismatch => "audit_mismatch",
             EventKind::PolicySetLoaded => "policy_set_loaded",
+            EventKind::GrantCreated => "grant_created",
+            EventKind::GrantUsed => "grant_used",
+            EventKind::GrantRevoked => "grant_revoked",
         }
     }
 }
@@ -281,6 +289,9 @@ impl Event {
         // Only a rule's decision names a policy; a person's entry keeps its shape.
         if let Some(policy) = &decision.policy {
             data["policy"] = json!(policy);
+        }
+        if let Some(grant) = &decision.grant {
+            data["grant"] = json!(grant);
         }
         Self::about(
             EventKind::RequestDecided,

@@ -35,6 +35,8 @@ pub enum AuthorizationType {
     Human,
     Policy,
     Fallback,
+    /// A standing grant a person gave earlier (`grant`: its id and maker).
+    Grant,
 }
 
 /// The rule behind a decision no person made: the policy's id and the digest of the whole
@@ -72,6 +74,9 @@ pub struct Statement {
     /// Each approver then names the account it counted as.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub quorum: Option<Quorum>,
+    /// For `grant` decisions: the standing grant and the person who gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<crate::grant::GrantRef>,
 }
 
 impl Statement {
@@ -92,6 +97,7 @@ impl Statement {
             valid_until: decision.valid_until,
             nonce: decision.nonce.clone(),
             policy: decision.policy.clone(),
+            grant: decision.grant.clone(),
             // A rule's decision names no person, so no quorum of them either.
             quorum: request
                 .quorum

@@ -212,6 +212,16 @@ pub struct DecisionView {
     /// For a policy or fallback decision: the policy that made it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub policy: Option<PolicyView>,
+    /// For a grant decision: the standing grant and who gave it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grant: Option<GrantRefView>,
+}
+
+/// The standing grant behind a decision.
+#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
+pub struct GrantRefView {
+    pub id: String,
+    pub granted_by: ApproverView,
 }
 
 /// A policy behind a decision, or the policies that sent a request to people.
@@ -362,6 +372,10 @@ impl ApprovalView {
                     policy_set: p.policy_set.clone(),
                     on_timeout: None,
                 }),
+                grant: d.grant.as_ref().map(|g| GrantRefView {
+                    id: g.id.clone(),
+                    granted_by: ApproverView::of(&g.granted_by),
+                }),
             }),
             proof: request.proof.as_ref().map(ProofView::from),
             used: request.used().map(|(at, tool)| UsedView {
@@ -397,6 +411,11 @@ pub fn guidance(request: &ApprovalRequest) -> String {
                 format!("fallback (policy {}, nobody decided in time)", p.id)
             }
             (Some(p), _) => format!("policy {}", p.id),
+            (None, countersign_core::AuthorizationType::Grant) => d
+                .grant
+                .as_ref()
+                .map(|g| format!("grant {} (given by {})", g.id, g.granted_by.display_name))
+                .unwrap_or_else(|| "a grant".to_string()),
             (None, _) => d
                 .approvers
                 .iter()
@@ -547,6 +566,75 @@ pub struct DecisionBody {
     /// the request closed since, the answer says what closed it.
     #[serde(default)]
     pub expected_version: Option<u64>,
+    /// With an approval: also allow this agent this tool from now on, within bounds
+    /// (a standing grant; docs/policies.md#standing-grants).
+    #[serde(default)]
+    pub grant: Option<GrantBody>,
+}
+
+/// A standing grant asked for with an approval: the request's agent and tool.
+#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GrantBody {
+    /// How long it lasts, in seconds (default 3600, at most 30 days).
+    #[serde(default)]
+    pub for_seconds: Option<u64>,
+    /// How many requests it may approve (default: any number until it expires).
+    #[serde(default)]
+    pub max_uses: Option<u32>,
+    /// Details a covered request must have with this request's values.
+    #[serde(default)]
+    pub exact: Vec<String>,
+    /// Details a covered request must have as numbers at most these.
+    #[serde(default)]
+    pub max: BTreeMap<String, String>,
+}
+
+impl From<GrantBody> for crate::gate::GrantTerms {
+    fn from(body: GrantBody) -> Self {
+        Self {
+            for_seconds: body.for_seconds,
+            max_uses: body.max_uses,
+            exact: body.exact,
+            max: body.max,
+        }
+    }
+}
+
+/// A new standing grant on its own (`POST /api/v1/grants`).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NewGrantBody {
+    /// The agent's principal id (`token:deploy-bot`).
+    pub agent: String,
+    /// The tool (a request's `tool` detail).
+    pub tool: String,
+    #[serde(default)]
+    pub exact: BTreeMap<String, String>,
+    #[serde(default)]
+    pub max: BTreeMap<String, String>,
+    #[serde(default)]
+    pub for_seconds: Option<u64>,
+    #[serde(default)]
+    pub max_uses: Option<u32>,
+}
+
+/// A standing grant as approvers see it.
+#[derive(Debug, Clone, Serialize)]
+pub struct GrantView {
+    #[serde(flatten)]
+    pub grant: countersign_core::Grant,
+    /// active, expired, used_up or revoked.
+    pub status: &'static str,
+}
+
+impl GrantView {
+    pub fn new(grant: countersign_core::Grant, now: countersign_core::Timestamp) -> Self {
+        Self {
+            status: grant.status(now),
+            grant,
+        }
+    }
 }
 
 /// `record_outcome`'s input.
@@ -683,6 +771,9 @@ pub struct RequestView {
     pub version: u64,
     pub can_decide: bool,
     pub cannot_decide_reason: Option<String>,
+    /// The standing grant given with this decision, if one was asked for.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grant: Option<GrantView>,
 }
 
 impl RequestView {
@@ -705,6 +796,7 @@ impl RequestView {
             version: request.version,
             can_decide: pending && reason.is_none(),
             cannot_decide_reason: reason,
+            grant: None,
         }
     }
 }

@@ -115,6 +115,10 @@ pub async fn run_with(
     for doc in store.doc_list(kinds::USER, "", DOC_LIMIT).await? {
         audit.user(&doc.id, &doc.body);
     }
+    for doc in store.doc_list(kinds::GRANT, "", DOC_LIMIT).await? {
+        let id = doc.key.clone().unwrap_or(doc.id);
+        audit.grant(&id, &doc.body);
+    }
     for doc in store.doc_list(kinds::ROOM, "", DOC_LIMIT).await? {
         match serde_json::from_value::<Room>(doc.body) {
             Ok(room) if room.name == doc.id => audit.room(&room),

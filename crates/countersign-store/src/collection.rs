@@ -52,6 +52,8 @@ pub mod kinds {
     pub const AUDIT: &str = "audit";
     /// Policy set versions in the log, by digest (`sha256:...`).
     pub const POLICY_SET: &str = "policy.set";
+    /// Standing grants (`{agent}/{grant id}`), keyed by the grant id.
+    pub const GRANT: &str = "grant";
 }
 
 /// Declares a collection: a marker type naming a document kind and its body type.

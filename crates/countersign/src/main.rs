@@ -45,6 +45,9 @@ enum Command {
     /// Create, list and revoke bearer tokens.
     #[command(subcommand)]
     Token(cmd::token::TokenCommand),
+    /// Give, list and revoke standing grants (an agent, a tool, bounds, a time or uses).
+    #[command(subcommand)]
+    Grant(cmd::grant::GrantCommand),
     /// List requests waiting for a decision.
     Pending(cmd::decide::PendingArgs),
     /// Approve a pending request as the local user (channel `cli`).

@@ -6,6 +6,7 @@
 
 mod builder;
 mod evidence;
+mod grants;
 mod keys;
 mod policy;
 mod recipients;
@@ -34,6 +35,7 @@ use crate::rooms::Rooms;
 
 pub use builder::{GateBuilder, Keys};
 pub use evidence::{EvidenceTurn, Redeemed, ReviewerSettings};
+pub use grants::{DEFAULT_GRANT_SECONDS, GrantTerms};
 pub use keys::Trusted;
 pub use policy::{
     PolicySettings, TOOL_DETAIL, load_set as load_policy_set, read_files as read_policy_files,
@@ -317,10 +319,14 @@ impl Gate {
         let mut transition = transition;
         let ruling = self.apply_policies(who, &mut transition).await?;
         let created = transition.seal(new_salt()?);
-        let stored = match ruling {
-            // A policy's decision is stored with the creation, in one write.
-            Some(ruling) => {
-                let decided = self.rule(&transition.request, ruling)?;
+        let decided = match ruling {
+            Some(ruling) => Some(self.rule(&transition.request, ruling)?),
+            // No policy decided: a standing grant may (its use is stored first).
+            None => self.approve_by_grant(&transition.request).await?,
+        };
+        let stored = match decided {
+            // A rule's or a grant's decision is stored with the creation, in one write.
+            Some(decided) => {
                 self.store
                     .create_decided(&created, &decided.seal(new_salt()?))
                     .await?

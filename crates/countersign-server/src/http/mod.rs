@@ -227,7 +227,10 @@ fn scoped(scope: Scope, routes: Router<AppState>) -> Router<AppState> {
 /// and `/ui/api` (a session: channel `dashboard`).
 fn both_surfaces() -> Router<AppState> {
     let request = Router::new().route("/requests/{id}", get(rest::get_request));
-    let decide = Router::new().route("/requests/{id}/decision", post(rest::decide));
+    let decide = Router::new()
+        .route("/requests/{id}/decision", post(rest::decide))
+        .route("/grants", get(rest::list_grants).post(rest::create_grant))
+        .route("/grants/{id}/revoke", post(rest::revoke_grant));
     let review = Router::new().route("/requests/{id}/review", post(rest::review));
     let rooms = Router::new()
         .route("/rooms", get(rooms::list).post(rooms::create))

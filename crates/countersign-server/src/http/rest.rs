@@ -20,8 +20,9 @@ use super::error::{ApiError, ApiJson, ApiPath, ApiQuery};
 use crate::error::GateError;
 use crate::gate::{DEFAULT_WAIT_SECONDS, EntryShown, NewToken, wait_time};
 use crate::views::{
-    ApprovalView, DecisionBody, RedeemOutput, RedeemProofInput, RequestApprovalInput,
-    RequestApprovalOutput, RequestView, ReviewOutput, VerifyOutput, VerifyProofInput,
+    ApprovalView, DecisionBody, GrantView, NewGrantBody, RedeemOutput, RedeemProofInput,
+    RequestApprovalInput, RequestApprovalOutput, RequestView, ReviewOutput, VerifyOutput,
+    VerifyProofInput,
 };
 
 /// Public: whether the server and its database answer. Why the database does not is
@@ -183,6 +184,23 @@ pub(super) async fn decide(
         comment: body.comment,
         fields: body.fields,
     };
+    // A grant asked for with the approval is checked before anything is decided, and
+    // given once the approval is final.
+    let grant = match body.grant {
+        Some(_) if verdict != Verdict::Approved => {
+            return Err(GateError::BadInput(
+                "grant: a standing grant comes with an approval, not a rejection".into(),
+            )
+            .into());
+        }
+        Some(terms) => {
+            let request = gate.get(decider.principal(), &id).await?;
+            let new = gate.grant_for(&request, terms.into())?;
+            gate.check_grant(&decider, &new)?;
+            Some(new)
+        }
+        None => None,
+    };
     let request = gate
         .decide_seen(
             &decider,
@@ -193,12 +211,69 @@ pub(super) async fn decide(
             channel,
         )
         .await?;
+    let granted = match grant {
+        Some(new) if request.status == countersign_core::Status::Approved => {
+            Some(gate.create_grant(&decider, new, channel).await?)
+        }
+        _ => None,
+    };
     let accounts = gate.accounts_for(&request, decider.principal());
-    Ok(Json(RequestView::new(
-        &request,
-        decider.principal(),
-        &accounts,
-    )))
+    let mut view = RequestView::new(&request, decider.principal(), &accounts);
+    view.grant = granted.map(|g| GrantView::new(g, gate.now()));
+    Ok(Json(view))
+}
+
+input!(GrantListParams { limit: Option<usize> });
+
+/// Standing grants, newest first (approvers).
+pub(super) async fn list_grants(
+    Approver { gate, decider, .. }: Approver,
+    ApiQuery(params): ApiQuery<GrantListParams>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let limit = params.limit.unwrap_or(200).clamp(1, 1000);
+    let now = gate.now();
+    let grants: Vec<GrantView> = gate
+        .list_grants(&decider, limit)
+        .await?
+        .into_iter()
+        .map(|g| GrantView::new(g, now))
+        .collect();
+    Ok(Json(serde_json::json!({"grants": grants})))
+}
+
+/// A standing grant on its own, by an approver.
+pub(super) async fn create_grant(
+    Approver {
+        gate,
+        decider,
+        channel,
+    }: Approver,
+    ApiJson(body): ApiJson<NewGrantBody>,
+) -> Result<(StatusCode, Json<GrantView>), ApiError> {
+    let new = countersign_core::NewGrant {
+        agent: body.agent,
+        tool: body.tool,
+        exact: body.exact,
+        max: body.max,
+        for_seconds: body
+            .for_seconds
+            .unwrap_or(crate::gate::DEFAULT_GRANT_SECONDS),
+        max_uses: body.max_uses,
+        from_request: None,
+    };
+    let grant = gate.create_grant(&decider, new, channel).await?;
+    let now = gate.now();
+    Ok((StatusCode::CREATED, Json(GrantView::new(grant, now))))
+}
+
+/// Revokes a grant at once (its maker or an admin).
+pub(super) async fn revoke_grant(
+    Approver { gate, decider, .. }: Approver,
+    ApiPath(id): ApiPath<String>,
+) -> Result<Json<GrantView>, ApiError> {
+    let grant = gate.revoke_grant(&decider, &id).await?;
+    let now = gate.now();
+    Ok(Json(GrantView::new(grant, now)))
 }
 
 pub(super) async fn cancel(

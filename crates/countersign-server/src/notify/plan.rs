@@ -98,12 +98,13 @@ pub async fn plan(
     Ok(out)
 }
 
-/// Whether a rule (a policy, or a timeout's fallback) decided `request`.
+/// Whether a policy or a standing grant decided `request` as it was made.
 fn decided_by_rule(request: &ApprovalRequest) -> bool {
+    use countersign_core::AuthorizationType::{Grant, Policy};
     request
         .decision
         .as_ref()
-        .is_some_and(|d| d.authorization_type == countersign_core::AuthorizationType::Policy)
+        .is_some_and(|d| matches!(d.authorization_type, Policy | Grant))
 }
 
 /// Whether this server can deliver to `route` (its transport is configured).

@@ -62,6 +62,14 @@ impl WhyView {
         in_force: &PolicySet,
         since: Option<Timestamp>,
     ) -> Option<Self> {
+        // A standing grant approved it: its decision names the grant, not a policy.
+        if request
+            .decision
+            .as_ref()
+            .is_some_and(|d| d.authorization_type == AuthorizationType::Grant)
+        {
+            return None;
+        }
         let by_rule = request
             .decision
             .as_ref()

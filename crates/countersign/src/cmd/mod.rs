@@ -4,6 +4,7 @@
 pub mod decide;
 pub mod demo;
 pub mod doctor;
+pub mod grant;
 pub mod keys;
 pub mod log;
 pub mod mcp;
@@ -32,6 +33,7 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
             mcp::run(&config, &args).await
         }
         Command::Token(command) => token::run(&config, command).await,
+        Command::Grant(command) => grant::run(&config, command).await,
         Command::User(command) => user::run(&config, command).await,
         Command::Demo(args) => {
             init_logging("info");

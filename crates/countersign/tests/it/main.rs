@@ -15,6 +15,7 @@ mod channels;
 mod cli;
 mod evidence;
 mod external_clients;
+mod grants;
 mod instances;
 mod policies;
 mod quorum;
