@@ -1532,6 +1532,130 @@ test("policies: with none configured the dashboard shows nothing about them", as
   assert.equal(await page.locator(".card .why-mark").count(), 0);
 });
 
+// ---- quorum and standing grants ------------------------------------------------------------
+
+test("quorum and grants: the dashboard shows k of n approvals, gives a grant with an approval, lists and revokes it", async () => {
+  const server = await new Countersign(process.env.COUNTERSIGN_BIN, {
+    files: {
+      "countersign.toml": '[policy]\nfiles = ["payouts.cedar"]\n',
+      "payouts.cedar": '@id("two-for-payouts")\n@approvals("2")\npermit(principal, action == Action::"payout", resource);\n',
+    },
+  }).start();
+  try {
+    const agent = await server.token("agent", "payout-bot");
+    const first = await server.token("approver", "ops-first");
+    const view = async (id) => (await server.http("GET", `/api/v1/requests/${id}`, { token: agent })).body;
+    const payout = await server.createRequest(agent, { action_description: "Pay out 900 EUR to ACME", action_details: { tool: "payout", amount: "900" } });
+    const one = await server.http("POST", `/api/v1/requests/${payout}/decision`, { token: first, json: { decision: "approved" } });
+    assert.equal(one.status, 200, one.text);
+    assert.equal(one.body.status, "pending");
+    assert.equal(one.body.quorum.still_needed, 1);
+
+    const context = await firstAdmin(server);
+    let page = await openLive(context, `/requests/${payout}`);
+    const quorum = page.locator("#quorum");
+    await quorum.waitFor();
+    assert.equal(await quorum.locator("h4").textContent(), "1 of 2 approvals; 1 more needed");
+    assert.ok((await quorum.locator("li").first().textContent()).startsWith("ops-first via api"), await quorum.textContent());
+    assert.equal(await page.locator(`.card[data-id="${payout}"] .quorum-mark`).textContent(), "1 of 2 approvals");
+    // No grant on a request that needs a quorum.
+    assert.equal(await page.locator("#grant").count(), 0);
+    await shot(page, "desktop-1440x900-9-quorum");
+    await page.locator("#approve").click();
+    await page.locator("#detail-body .notice.ok", { hasText: "Approved. The agent has its proof." }).waitFor();
+    await page.locator("#quorum h4", { hasText: "2 of 2 approvals" }).waitFor();
+    const approved = await view(payout);
+    assert.equal(approved.status, "approved");
+    assert.deepEqual(approved.decision.approvers.map((a) => a.id), ["token:ops-first", `user:${ADMIN.username}`]);
+    await page.close();
+
+    // A refund approved with a standing grant: EUR only, at most 100, three times.
+    const refund = await server.createRequest(agent, { action_description: "Refund order 9001", action_details: { tool: "refund", amount: "40", currency: "EUR" } });
+    page = await openLive(context, `/requests/${refund}`);
+    await page.locator("#grant").waitFor();
+    await page.getByLabel("Also allow token:payout-bot to use refund without asking").check();
+    await page.getByLabel("At most this many requests").fill("3");
+    assert.equal(await page.locator("#grant-exact-currency").isChecked(), true, "a text detail is pinned by default");
+    await page.getByLabel("amount at most (empty: any)").fill("100");
+    await page.locator("#approve").click();
+    const notice = page.locator("#detail-body .notice.ok", { hasText: "Grant grt_" });
+    await notice.waitFor();
+    assert.ok((await notice.textContent()).includes("refund allowed until"), await notice.textContent());
+    await page.close();
+
+    const inside = await view(await server.createRequest(agent, { action_description: "Refund order 9002", action_details: { tool: "refund", amount: "60", currency: "EUR" } }));
+    assert.equal(inside.status, "approved", JSON.stringify(inside));
+    assert.equal(inside.decision.authorization_type, "grant");
+    assert.equal(inside.decision.grant.granted_by.id, `user:${ADMIN.username}`);
+    const outside = await view(await server.createRequest(agent, { action_description: "Refund order 9003", action_details: { tool: "refund", amount: "160", currency: "EUR" } }));
+    assert.equal(outside.status, "pending", "over the grant's ceiling");
+
+    // The Grants page lists it, used once of three; revoking it takes effect at once.
+    page = await openLive(context, "/");
+    await page.getByRole("button", { name: "Grants" }).click();
+    const row = page.locator(`.grant-card[data-grant-id="${inside.decision.grant.id}"]`);
+    await row.waitFor();
+    assert.equal(await row.getAttribute("data-status"), "active");
+    assert.equal(await row.locator(".desc").textContent(), "payout-bot may use refund");
+    assert.equal(await row.locator(".grant-bounds").textContent(), "currency = EUR, amount ≤ 100");
+    assert.equal(await row.locator(".grant-uses").textContent(), "1 of 3 used");
+    await shot(page, "desktop-1440x900-10-grants");
+    await row.getByRole("button", { name: "Revoke" }).click();
+    await page.locator(`.grant-card[data-grant-id="${inside.decision.grant.id}"][data-status="revoked"]`).waitFor();
+    const after = await view(await server.createRequest(agent, { action_description: "Refund order 9004", action_details: { tool: "refund", amount: "5", currency: "EUR" } }));
+    assert.equal(after.status, "pending", "a revoked grant approved");
+    await page.close();
+  } finally {
+    server.cleanup();
+  }
+});
+
+test("batch: one confirmation approves many requests, each with its own proof; one that changed meanwhile is reported", async () => {
+  const server = await new Countersign(process.env.COUNTERSIGN_BIN).start();
+  try {
+    const agent = await server.token("agent", "export-bot");
+    const other = await server.token("approver", "ops-other");
+    const make = (n, tool) => server.createRequest(agent, { action_description: `Export report ${n}`, action_details: { tool, report: String(n) } });
+    const ids = [await make(1, "export"), await make(2, "export"), await make(3, "export")];
+    const unrelated = await make(4, "delete");
+    const context = await firstAdmin(server);
+    const page = await openLive(context, "/");
+    await page.locator(`.card[data-id="${ids[2]}"]`).waitFor();
+    await page.locator(`input.select[data-id="${ids[0]}"]`).check();
+    await page.locator("#batch", { hasText: "1 selected" }).waitFor();
+    await page.locator("#batch-like").click();
+    await page.locator('#batch[data-selected="3"]').waitFor();
+    assert.equal(await page.locator(`input.select[data-id="${unrelated}"]`).isChecked(), false, "another tool was selected");
+    // Someone else decides one of them before the confirmation.
+    const elsewhere = await server.http("POST", `/api/v1/requests/${ids[1]}/decision`, { token: other, json: { decision: "rejected", comment: "not this one" } });
+    assert.equal(elsewhere.status, 200, elsewhere.text);
+    await page.locator('#batch[data-changed="1"]').waitFor();
+    await page.locator("#batch-approved").click();
+    await page.locator("#batch-approved", { hasText: "Confirm: approve 3 requests" }).click();
+    const notice = page.locator("#batch-notice");
+    await notice.waitFor();
+    const text = await notice.textContent();
+    assert.ok(text.includes("Approved 2 of 3, each with its own proof."), text);
+    assert.ok(text.includes(`Not decided: ${ids[1]}`), text);
+    await shot(page, "desktop-1440x900-11-batch");
+    const nonces = [];
+    for (const id of [ids[0], ids[2]]) {
+      const r = await server.http("GET", `/api/v1/requests/${id}`, { token: agent });
+      assert.equal(r.body.status, "approved", r.text);
+      assert.equal(r.body.decision.approvers[0].id, `user:${ADMIN.username}`);
+      nonces.push(JSON.parse(Buffer.from(r.body.proof.payload, "base64").toString()).nonce);
+    }
+    assert.notEqual(nonces[0], nonces[1], "each request has its own proof");
+    const kept = await server.http("GET", `/api/v1/requests/${ids[1]}`, { token: agent });
+    assert.equal(kept.body.status, "rejected", "the batch overrode a decision made meanwhile");
+    const untouched = await server.http("GET", `/api/v1/requests/${unrelated}`, { token: agent });
+    assert.equal(untouched.body.status, "pending");
+    await page.close();
+  } finally {
+    server.cleanup();
+  }
+});
+
 // ---- over the whole run ----------------------------------------------------------------------
 
 test("no page reported a CSP violation or an uncaught script error during the run", () => {

@@ -13,6 +13,10 @@ const state = {
   users: [],
   notify: false,
   lastPendingIds: new Set(),
+  // Batch decisions: the selected pending requests, by id, at the version shown.
+  batch: new Map(),
+  batchConfirm: null,
+  batchNotice: null,
 };
 
 const $ = (id) => document.getElementById(id);
@@ -166,6 +170,8 @@ function requirementRows(req) {
   const rows = [];
   if (req.timeout_hours !== undefined) rows.push(["@timeout_hours", `${req.timeout_hours} (people have ${req.timeout_hours} h at most)`]);
   if (req.on_timeout !== undefined) rows.push(["@on_timeout", ON_TIMEOUT[req.on_timeout] || req.on_timeout]);
+  if (req.approvals !== undefined) rows.push(["@approvals", `${req.approvals} (that many distinct accounts must approve)`]);
+  for (const group of req.approvers || []) rows.push(["@approvers", `${group} (every approver's account must be in it)`]);
   return rows;
 }
 
@@ -216,6 +222,7 @@ async function loadList() {
   const items = $("items");
   if (state.view === "rooms") return undefined;
   if (state.view === "users") return loadUsers();
+  if (state.view === "grants") return loadGrants();
   const params = new URLSearchParams();
   if (state.view === "needs") params.set("view", "pending");
   else {
@@ -239,15 +246,107 @@ async function loadList() {
   // Re-rendering replaces the cards; keep the keyboard where it was.
   const focused = document.activeElement && document.activeElement.closest && document.activeElement.closest(".card");
   const focusedId = focused ? focused.dataset.id : null;
+  // A selected request that changed since it was ticked stays selected at the version
+  // ticked: the batch reports it rather than deciding it (the bar counts it).
+  const needs = state.view === "needs";
   items.replaceChildren(
+    ...(needs && state.requests.length ? [batchBar()] : []),
     ...(state.requests.length
-      ? state.requests.map(card)
-      : [el("p", { class: "empty" }, state.view === "needs" ? "Nothing needs you right now." : "No requests match.")]),
+      ? state.requests.map((r) => (needs && r.can_decide ? selectable(r) : card(r)))
+      : [el("p", { class: "empty" }, needs ? "Nothing needs you right now." : "No requests match.")]),
   );
   if (focusedId) {
     const again = [...items.querySelectorAll(".card")].find((c) => c.dataset.id === focusedId);
     if (again) again.focus();
   }
+}
+
+// ---- batch decisions: many requests, one confirmation -------------------------------
+
+function selectable(request) {
+  const box = el("input", {
+    type: "checkbox",
+    class: "select",
+    "aria-label": `Select ${request.action_description}`,
+    "data-id": request.request_id,
+    checked: state.batch.has(request.request_id),
+    onchange: (event) => {
+      if (event.target.checked) state.batch.set(request.request_id, request.version);
+      else state.batch.delete(request.request_id);
+      state.batchConfirm = null;
+      state.batchNotice = null;
+      refreshBatchBar();
+    },
+  });
+  return el("div", { class: "card-row" }, box, card(request));
+}
+
+function refreshBatchBar() {
+  const bar = document.getElementById("batch");
+  if (bar) bar.replaceWith(batchBar());
+}
+
+/** Selects every pending request from the same agent for the same tool as the first one
+ * selected (what a person approving "all of these" usually means). */
+function selectLikeFirst() {
+  const first = state.requests.find((r) => state.batch.has(r.request_id));
+  if (!first) return;
+  const tool = (first.action_details || {}).tool;
+  for (const r of state.requests) {
+    if (r.can_decide && r.requested_by === first.requested_by && (r.action_details || {}).tool === tool) state.batch.set(r.request_id, r.version);
+  }
+  state.batchConfirm = null;
+  loadList();
+}
+
+async function sendBatch(decision) {
+  const requests = [...state.batch].map(([id, version]) => ({ id, version }));
+  try {
+    const result = await api("/ui/api/requests/decisions", { method: "POST", body: { decision, requests } });
+    const word = decision === "approved" ? "Approved" : "Rejected";
+    const lines = [`${word} ${result.decided.length} of ${requests.length}, each with its own proof.`];
+    for (const n of result.not_decided) lines.push(`Not decided: ${n.request_id}: ${n.message}`);
+    state.batchNotice = { kind: result.not_decided.length ? "error" : "ok", lines };
+  } catch (err) {
+    state.batchNotice = { kind: "error", lines: [err.message] };
+  }
+  state.batch.clear();
+  state.batchConfirm = null;
+  await loadList();
+}
+
+function batchBar() {
+  const n = state.batch.size;
+  const notice = state.batchNotice
+    ? el("div", { class: `notice ${state.batchNotice.kind}`, role: "status", id: "batch-notice" }, state.batchNotice.lines.map((l) => el("div", {}, l)))
+    : null;
+  if (!n) return el("div", { class: "batch", id: "batch" }, notice, el("p", { class: "muted" }, "Tick requests to decide several at once."));
+  const button = (decision, label) => {
+    const confirming = state.batchConfirm === decision;
+    return el("button", {
+      class: `btn small ${decision === "approved" ? "approve" : "reject"}`,
+      type: "button",
+      id: `batch-${decision}`,
+      onclick: () => {
+        if (confirming) return sendBatch(decision);
+        state.batchConfirm = decision;
+        refreshBatchBar();
+        return undefined;
+      },
+    }, confirming ? `Confirm: ${label.toLowerCase()} ${n} request${n === 1 ? "" : "s"}` : `${label} ${n}`);
+  };
+  const shown = new Map(state.requests.map((r) => [r.request_id, r.version]));
+  const changed = [...state.batch].filter(([id, version]) => shown.get(id) !== version).length;
+  return el(
+    "div",
+    { class: "batch", id: "batch", "data-selected": String(n), "data-changed": String(changed) },
+    notice,
+    el("span", {}, `${n} selected`, changed ? ` (${changed} changed since: it will be reported, not decided)` : ""),
+    el("button", { class: "btn small", type: "button", id: "batch-like", onclick: selectLikeFirst }, "Select all like the first"),
+    button("approved", "Approve"),
+    button("rejected", "Reject"),
+    el("button", { class: "btn small", type: "button", onclick: () => { state.batch.clear(); state.batchConfirm = null; loadList(); } }, "Clear"),
+  );
 }
 
 function announceNew(pending) {
@@ -360,8 +459,105 @@ function proofTools(r) {
   );
 }
 
+// ---- grants: "yes to this kind of thing for a while" -------------------------------
+
+const NUMBER = /^-?[0-9]+(\.[0-9]+)?$/;
+
+/** The "also allow" part of the decision form: a standing grant of the request's agent
+ * and tool, given with the approval. None for a request without a tool or with a quorum
+ * (a grant cannot stand in for one). */
+function grantFields(r) {
+  const details = r.action_details || {};
+  const tool = details.tool;
+  if (!tool || r.quorum) return null;
+  const agent = r.requested_by;
+  const enable = el("input", { type: "checkbox", id: "grant-enable" });
+  const hours = el("input", { id: "grant-hours", type: "number", min: "0.01", max: "720", step: "any", value: "1" });
+  const uses = el("input", { id: "grant-uses", type: "number", min: "1", max: "10000", step: "1", placeholder: "any number" });
+  const keys = Object.keys(details).filter((k) => k !== "tool");
+  const pins = keys.map((key) => ({ key, box: el("input", { type: "checkbox", id: `grant-exact-${key}`, checked: !NUMBER.test(details[key]) }) }));
+  const ceilings = keys.filter((k) => NUMBER.test(details[k])).map((key) => ({ key, input: el("input", { id: `grant-max-${key}`, inputmode: "decimal", value: details[key] }) }));
+  const body = el(
+    "div",
+    { class: "grant-terms", hidden: true },
+    el("label", { for: "grant-hours" }, "For how many hours"), hours,
+    el("label", { for: "grant-uses" }, "At most this many requests"), uses,
+    ...pins.map((p) => el("label", { class: "check", for: p.box.id }, p.box, ` only with ${p.key} = ${details[p.key]}`)),
+    ...ceilings.map((c) => [el("label", { for: c.input.id }, `${c.key} at most (empty: any)`), c.input]),
+  );
+  enable.addEventListener("change", () => { body.hidden = !enable.checked; });
+  const element = el(
+    "fieldset",
+    { class: "grant", id: "grant" },
+    el("legend", {}, "Standing grant"),
+    el("label", { class: "check", for: "grant-enable" }, enable, ` Also allow ${agent} to use ${tool} without asking`),
+    body,
+  );
+  const value = () => {
+    if (!enable.checked) return undefined;
+    const max = {};
+    for (const c of ceilings) if (c.input.value.trim()) max[c.key] = c.input.value.trim();
+    return {
+      for_seconds: Math.max(1, Math.round(Number(hours.value || "1") * 3600)),
+      max_uses: uses.value ? Number(uses.value) : undefined,
+      exact: pins.filter((p) => p.box.checked).map((p) => p.key),
+      max,
+    };
+  };
+  return { element, value };
+}
+
+function grantBounds(g) {
+  const parts = [
+    ...Object.entries(g.exact || {}).map(([k, v]) => `${k} = ${v}`),
+    ...Object.entries(g.max || {}).map(([k, v]) => `${k} ≤ ${v}`),
+  ];
+  return parts.length ? parts.join(", ") : "any details";
+}
+
+async function loadGrants() {
+  const items = $("items");
+  let data;
+  try {
+    data = await api("/ui/api/grants");
+  } catch (err) {
+    items.replaceChildren(el("p", { class: "notice error" }, err.message));
+    return;
+  }
+  if (!data.grants.length) {
+    items.replaceChildren(el("p", { class: "empty" }, "No standing grants. Give one while approving a request (\u201calso allow\u201d)."));
+    return;
+  }
+  const revoke = (g) => el("button", {
+    class: "btn small", type: "button",
+    onclick: async (event) => {
+      event.target.disabled = true;
+      try {
+        await api(`/ui/api/grants/${encodeURIComponent(g.id)}/revoke`, { method: "POST", body: {} });
+      } catch (err) {
+        items.prepend(el("p", { class: "notice error" }, err.message));
+      }
+      await loadGrants();
+    },
+  }, "Revoke");
+  items.replaceChildren(...data.grants.map((g) =>
+    el("div", { class: "card grant-card", "data-grant-id": g.id, "data-status": g.status },
+      el("div", { class: "desc" },
+        el("span", { class: "grant-agent" }, g.agent.replace(/^(token|stdio|local):/, "")), " may use ",
+        el("code", { class: "grant-tool" }, g.tool)),
+      el("div", { class: "details grant-bounds" }, grantBounds(g)),
+      el("div", { class: "meta" },
+        el("span", { class: `status grant-status ${g.status}` }, g.status.replace("_", " ")),
+        el("span", { class: "grant-uses" }, `${g.uses}${g.max_uses ? ` of ${g.max_uses}` : ""} used`),
+        el("span", {}, `until ${fmtTime(g.expires_at)}`),
+        el("span", {}, `by ${g.granted_by.display_name}`),
+        g.status === "active" ? revoke(g) : null),
+    )));
+}
+
 function decisionForm(r) {
   const comment = el("textarea", { id: "comment", rows: "2", maxlength: "4096" });
+  const grant = grantFields(r);
   const fieldInputs = (r.requested_fields || []).map((name) => ({
     name,
     input: el("input", { id: `field-${name}`, name, required: true }),
@@ -382,12 +578,13 @@ function decisionForm(r) {
     }
     approve.disabled = reject.disabled = true;
     try {
-      const after = await api(`/ui/api/requests/${encodeURIComponent(r.request_id)}/decision`, {
-        method: "POST",
-        body: { decision, comment: comment.value || null, fields, expected_version: r.version },
-      });
+      const body = { decision, comment: comment.value || null, fields, expected_version: r.version };
+      if (decision === "approved" && grant && grant.value()) body.grant = grant.value();
+      const after = await api(`/ui/api/requests/${encodeURIComponent(r.request_id)}/decision`, { method: "POST", body });
       const recorded = decision === "approved" && after && after.status === "pending" && after.quorum;
-      const done = { kind: "ok", text: recorded ? `Your approval is recorded: ${quorumSummary(after.quorum)}.` : decision === "approved" ? "Approved. The agent has its proof." : "Rejected. The agent has been told." };
+      let text = recorded ? `Your approval is recorded: ${quorumSummary(after.quorum)}.` : decision === "approved" ? "Approved. The agent has its proof." : "Rejected. The agent has been told.";
+      if (after && after.grant) text += ` Grant ${after.grant.id}: ${after.grant.tool} allowed until ${fmtTime(after.grant.expires_at)}.`;
+      const done = { kind: "ok", text };
       state.decidedHere = { id: r.request_id, notice: done };
       await loadDetail(done);
       await loadList();
@@ -409,6 +606,7 @@ function decisionForm(r) {
     ...fieldInputs.map((f) => [el("label", { for: f.input.id }, f.name), f.input]),
     el("label", { for: "comment" }, "Comment (for a rejection, the reason the agent receives)"),
     comment,
+    grant ? grant.element : null,
     status,
     el("div", { class: "actions" }, approve, reject),
   );
@@ -506,7 +704,7 @@ function setView(view) {
     if (b.dataset.view === view) b.setAttribute("aria-current", "page");
     else b.removeAttribute("aria-current");
   });
-  $("list-title").textContent = { needs: "Needs you", history: "History", users: "Users", rooms: "Rooms" }[view];
+  $("list-title").textContent = { needs: "Needs you", history: "History", users: "Users", rooms: "Rooms", grants: "Grants" }[view];
   $("filters").hidden = view !== "history";
   if (view === "rooms") {
     state.rooms.show();

@@ -19,6 +19,10 @@ pub enum GateError {
     Unauthenticated(String),
     #[error("{0}")]
     BadInput(String),
+    /// The request moved on since the caller looked at it (a batch decision names the
+    /// version each request was selected at): nothing was decided.
+    #[error("{0}")]
+    Changed(String),
     /// Contended or busy: the same call may succeed when retried.
     #[error("{0}")]
     Unavailable(String),
@@ -57,6 +61,8 @@ pub enum ErrorKind {
     SelfApproval,
     /// This account already approved the request (a quorum counts an account once).
     AlreadyApproved,
+    /// The request changed since it was selected (batch decisions): not decided.
+    Changed,
     /// The request's quorum needs approvers from a group this account is not in.
     NotEligible,
     Forbidden,
@@ -82,6 +88,7 @@ impl ErrorKind {
             ErrorKind::Expired => "expired",
             ErrorKind::SelfApproval => "self_approval",
             ErrorKind::AlreadyApproved => "already_approved",
+            ErrorKind::Changed => "changed",
             ErrorKind::NotEligible => "not_eligible",
             ErrorKind::Forbidden => "forbidden",
             ErrorKind::NotApproved => "not_approved",
@@ -128,6 +135,7 @@ impl GateError {
                 CoreError::IdempotencyMismatch { .. } => ErrorKind::IdempotencyMismatch,
             },
             GateError::BadInput(_) => ErrorKind::InvalidInput,
+            GateError::Changed(_) => ErrorKind::Changed,
             GateError::Forbidden(_) => ErrorKind::Forbidden,
             GateError::NotFound(_) | GateError::Store(StoreError::NotFound { .. }) => {
                 ErrorKind::NotFound

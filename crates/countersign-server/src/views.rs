@@ -162,18 +162,31 @@ impl QuorumView {
         let quorum = request.quorum.as_ref()?;
         let (so_far, required) = request.quorum_progress()?;
         let decided = request.status != countersign_core::Status::Pending;
+        let mut approvals: Vec<RecordedApprovalView> = request
+            .approvals
+            .iter()
+            .map(|a| RecordedApprovalView {
+                approver: ApproverView::of(&a.approver),
+                approved_at: a.approved_at.to_string(),
+                comment: a.comment.clone(),
+            })
+            .collect();
+        // The approval that reached the quorum is the decision's last approver.
+        if let Some(d) = &request.decision
+            && d.decision == countersign_core::Verdict::Approved
+            && d.authorization_type == countersign_core::AuthorizationType::Human
+            && let Some(last) = d.approvers.last()
+        {
+            approvals.push(RecordedApprovalView {
+                approver: ApproverView::of(last),
+                approved_at: d.decided_at.to_string(),
+                comment: d.comment.clone(),
+            });
+        }
         Some(Self {
             required,
             group: quorum.group.clone(),
-            approvals: request
-                .approvals
-                .iter()
-                .map(|a| RecordedApprovalView {
-                    approver: ApproverView::of(&a.approver),
-                    approved_at: a.approved_at.to_string(),
-                    comment: a.comment.clone(),
-                })
-                .collect(),
+            approvals,
             still_needed: if decided {
                 0
             } else {
@@ -570,6 +583,34 @@ pub struct DecisionBody {
     /// (a standing grant; docs/policies.md#standing-grants).
     #[serde(default)]
     pub grant: Option<GrantBody>,
+}
+
+/// Many decisions with one confirmation (`POST /api/v1/requests/decisions`).
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BatchBody {
+    /// approved or rejected, for every request.
+    pub decision: String,
+    #[serde(default)]
+    pub comment: Option<String>,
+    /// The requests, each with the version it was selected at.
+    pub requests: Vec<SelectedRequest>,
+}
+
+#[derive(Debug, Clone, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SelectedRequest {
+    pub id: String,
+    pub version: u64,
+}
+
+/// A request a batch did not decide, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct NotDecided {
+    pub request_id: String,
+    /// A stable code (`changed`, `already_decided`, `expired`, `self_approval`, ...).
+    pub code: &'static str,
+    pub message: String,
 }
 
 /// A standing grant asked for with an approval: the request's agent and tool.

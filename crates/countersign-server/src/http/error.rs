@@ -23,7 +23,8 @@ pub fn status(kind: ErrorKind) -> StatusCode {
         | ErrorKind::ApprovalExpired
         | ErrorKind::ActionMismatch
         | ErrorKind::IdempotencyMismatch
-        | ErrorKind::AlreadyApproved => StatusCode::CONFLICT,
+        | ErrorKind::AlreadyApproved
+        | ErrorKind::Changed => StatusCode::CONFLICT,
         ErrorKind::SelfApproval | ErrorKind::NotEligible | ErrorKind::Forbidden => {
             StatusCode::FORBIDDEN
         }

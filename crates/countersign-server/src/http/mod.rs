@@ -229,6 +229,7 @@ fn both_surfaces() -> Router<AppState> {
     let request = Router::new().route("/requests/{id}", get(rest::get_request));
     let decide = Router::new()
         .route("/requests/{id}/decision", post(rest::decide))
+        .route("/requests/decisions", post(rest::decide_batch))
         .route("/grants", get(rest::list_grants).post(rest::create_grant))
         .route("/grants/{id}/revoke", post(rest::revoke_grant));
     let review = Router::new().route("/requests/{id}/review", post(rest::review));

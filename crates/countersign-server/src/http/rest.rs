@@ -20,9 +20,9 @@ use super::error::{ApiError, ApiJson, ApiPath, ApiQuery};
 use crate::error::GateError;
 use crate::gate::{DEFAULT_WAIT_SECONDS, EntryShown, NewToken, wait_time};
 use crate::views::{
-    ApprovalView, DecisionBody, GrantView, NewGrantBody, RedeemOutput, RedeemProofInput,
-    RequestApprovalInput, RequestApprovalOutput, RequestView, ReviewOutput, VerifyOutput,
-    VerifyProofInput,
+    ApprovalView, BatchBody, DecisionBody, GrantView, NewGrantBody, NotDecided, RedeemOutput,
+    RedeemProofInput, RequestApprovalInput, RequestApprovalOutput, RequestView, ReviewOutput,
+    VerifyOutput, VerifyProofInput,
 };
 
 /// Public: whether the server and its database answer. Why the database does not is
@@ -221,6 +221,44 @@ pub(super) async fn decide(
     let mut view = RequestView::new(&request, decider.principal(), &accounts);
     view.grant = granted.map(|g| GrantView::new(g, gate.now()));
     Ok(Json(view))
+}
+
+/// Many decisions with one confirmation: each request at the version it was selected
+/// at, each with its own proof; those that changed meanwhile are reported, not decided.
+pub(super) async fn decide_batch(
+    Approver {
+        gate,
+        decider,
+        channel,
+    }: Approver,
+    ApiJson(body): ApiJson<BatchBody>,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let verdict: Verdict = body.decision.parse()?;
+    let selected: Vec<(String, u64)> = body
+        .requests
+        .into_iter()
+        .map(|r| (r.id, r.version))
+        .collect();
+    let input = DecisionInput {
+        comment: body.comment,
+        fields: BTreeMap::new(),
+    };
+    let batch = gate
+        .decide_batch(&decider, &selected, verdict, input, channel)
+        .await?;
+    let decided: Vec<ApprovalView> = batch.decided.iter().map(ApprovalView::new).collect();
+    let not_decided: Vec<NotDecided> = batch
+        .not_decided
+        .iter()
+        .map(|(id, err)| NotDecided {
+            request_id: id.clone(),
+            code: err.code(),
+            message: err.public_message(),
+        })
+        .collect();
+    Ok(Json(
+        serde_json::json!({"decided": decided, "not_decided": not_decided}),
+    ))
 }
 
 input!(GrantListParams { limit: Option<usize> });

@@ -21,8 +21,16 @@ pub struct PendingArgs {
 
 #[derive(Debug, Args)]
 pub struct DecideArgs {
-    /// The request id (see `countersign pending`).
-    pub id: String,
+    /// The request id (see `countersign pending`); several ids, or `--agent` / `--tool`,
+    /// decide them all with one confirmation (each with its own proof).
+    #[arg(required_unless_present_any = ["agent", "tool"])]
+    pub ids: Vec<String>,
+    /// Every pending request from this requester (e.g. token:deploy-bot).
+    #[arg(long)]
+    pub agent: Option<String>,
+    /// Every pending request for this tool (its `tool` detail).
+    #[arg(long)]
+    pub tool: Option<String>,
     /// A comment for the record; for a rejection, the reason the agent receives.
     #[arg(long)]
     pub comment: Option<String>,
@@ -89,6 +97,11 @@ pub async fn decide(
     let fields = parse_fields(&args.fields)?;
     let gate = runtime::open(config).await?;
     let decider = Decider::new(runtime::local_admin())?;
+    let id = match (args.ids.as_slice(), &args.agent, &args.tool) {
+        ([one], None, None) => one.clone(),
+        _ => return decide_many(config, args, verdict, &gate, &decider).await,
+    };
+    let args = &DecideOne { id, args };
     let request = gate.get(decider.principal(), &args.id).await?;
     if request.status != Status::Pending {
         // Let the gate produce the precise reason (who decided, or when it expired).
@@ -176,6 +189,119 @@ pub async fn decide(
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// One request's id, with the rest of the command's arguments.
+struct DecideOne<'a> {
+    id: String,
+    args: &'a DecideArgs,
+}
+
+impl std::ops::Deref for DecideOne<'_> {
+    type Target = DecideArgs;
+    fn deref(&self) -> &DecideArgs {
+        self.args
+    }
+}
+
+/// Several requests, named or selected by `--agent` / `--tool`, shown and confirmed once,
+/// then each decided at the version shown (one that changed meanwhile is reported).
+async fn decide_many(
+    config: &Config,
+    args: &DecideArgs,
+    verdict: Verdict,
+    gate: &countersign_server::Gate,
+    decider: &Decider,
+) -> anyhow::Result<ExitCode> {
+    if !args.fields.is_empty() {
+        bail!("--field is for one request at a time: a batch gives no reply fields");
+    }
+    let mut chosen = Vec::new();
+    for id in &args.ids {
+        chosen.push(gate.get(decider.principal(), id).await?);
+    }
+    if args.agent.is_some() || args.tool.is_some() {
+        let query = RequestQuery {
+            status: Some(Status::Pending),
+            requested_by: args.agent.clone(),
+            limit: countersign_server::gate::MAX_BATCH_DECISIONS + 1,
+        };
+        for r in gate.list(decider, &query).await? {
+            let tool_matches = args
+                .tool
+                .as_ref()
+                .is_none_or(|t| r.action.details.get("tool") == Some(t));
+            if tool_matches && !chosen.iter().any(|c| c.id == r.id) {
+                chosen.push(r);
+            }
+        }
+    }
+    if chosen.is_empty() {
+        eprintln!("no pending request matches");
+        return Ok(ExitCode::from(1));
+    }
+    let interactive = std::io::stdin().is_terminal();
+    if !interactive && !config.cli_unattended_decisions {
+        bail!(
+            "refusing to {} without a terminal: CLI decisions are made by a person at the keyboard, who sees the requests and confirms them",
+            verb(verdict)
+        );
+    }
+    for r in &chosen {
+        eprintln!(
+            "{}  {} from {}  {}",
+            r.id, r.status, r.requested_by.display_name, r.action.description
+        );
+    }
+    if interactive && !args.yes {
+        eprint!(
+            "{} these {} requests as {}? [y/N] ",
+            verb(verdict),
+            chosen.len(),
+            runtime::os_user()
+        );
+        std::io::stderr().flush()?;
+        let mut answer = String::new();
+        std::io::stdin().lock().read_line(&mut answer)?;
+        if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
+            eprintln!("not decided");
+            return Ok(ExitCode::from(1));
+        }
+    }
+    let selected: Vec<(String, u64)> = chosen.iter().map(|r| (r.id.clone(), r.version)).collect();
+    let input = DecisionInput {
+        comment: args.comment.clone(),
+        fields: BTreeMap::new(),
+    };
+    let batch = gate
+        .decide_batch(decider, &selected, verdict, input, Channel::Cli)
+        .await?;
+    if args.json {
+        let decided: Vec<ApprovalView> = batch.decided.iter().map(ApprovalView::new).collect();
+        let not: Vec<serde_json::Value> = batch
+            .not_decided
+            .iter()
+            .map(|(id, e)| serde_json::json!({"request_id": id, "code": e.code(), "message": e.public_message()}))
+            .collect();
+        println!(
+            "{}",
+            serde_json::to_string_pretty(
+                &serde_json::json!({"decided": decided, "not_decided": not})
+            )?
+        );
+    } else {
+        for r in &batch.decided {
+            println!("{} {}", r.id, r.status);
+        }
+        for (id, err) in &batch.not_decided {
+            println!("{id} not decided: {err}");
+        }
+    }
+    Ok(if batch.not_decided.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(2)
+    })
 }
 
 fn verb(verdict: Verdict) -> &'static str {
