@@ -54,6 +54,23 @@ pub struct RequestApprovalInput {
     /// A room to show the request in as well (see join_room / post_message).
     #[serde(default)]
     pub room: Option<String>,
+    /// How many distinct people must approve (2 to 10), where the server allows
+    /// requests to ask ([limits] request_quorum); policies may require more.
+    #[serde(default)]
+    pub approvals: Option<u32>,
+    /// The group ([groups]) every approver must be in, where the server allows it.
+    #[serde(default)]
+    pub approvers: Option<String>,
+}
+
+impl RequestApprovalInput {
+    /// The quorum the request asks for, if any: (approvals, group).
+    pub fn quorum(&self) -> Option<(u32, Option<String>)> {
+        match (self.approvals, &self.approvers) {
+            (None, None) => None,
+            (n, group) => Some((n.unwrap_or(1), group.clone())),
+        }
+    }
 }
 
 impl From<RequestApprovalInput> for NewRequest {

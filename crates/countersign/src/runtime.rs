@@ -37,6 +37,7 @@ pub async fn open(config: &Config) -> anyhow::Result<Arc<Gate>> {
         identities: config.guards.identities.clone(),
         room_messages_per_minute: config.guards.room_messages_per_minute,
         pending_per_agent: config.guards.pending_per_agent,
+        request_quorum: config.guards.request_quorum,
         policy: config.policy.clone(),
         max_sessions_per_account: config.server.max_sessions_per_account,
         ..Settings::default()

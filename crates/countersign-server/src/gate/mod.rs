@@ -121,6 +121,9 @@ pub struct Settings {
     pub room_messages_per_minute: u32,
     /// How many pending requests one requester may have at once (`None`: no limit).
     pub pending_per_agent: Option<usize>,
+    /// Whether a request may ask for its own quorum (`approvals`, `approvers`): off by
+    /// default, since naming a group also narrows who may approve.
+    pub request_quorum: bool,
     /// `[policy]`: the Cedar policy files and the zone their `context.time` is in;
     /// `None`: no policies (one person decides every request).
     pub policy: Option<PolicySettings>,
@@ -162,6 +165,7 @@ impl Default for Settings {
             identities: countersign_core::Identities::default(),
             room_messages_per_minute: crate::rooms::DEFAULT_MESSAGES_PER_MINUTE,
             pending_per_agent: None,
+            request_quorum: false,
             policy: None,
             max_sessions_per_account: DEFAULT_MAX_SESSIONS_PER_ACCOUNT,
         }
@@ -306,9 +310,36 @@ impl Gate {
         who: &Principal,
         new: NewRequest,
     ) -> Result<Requested, GateError> {
+        self.request_approval_with(who, new, None).await
+    }
+
+    /// As [`Gate::request_approval`], with the quorum the request asks for (`approvals`,
+    /// `approvers`), which `[limits] request_quorum` must allow; a policy may require more.
+    pub async fn request_approval_with(
+        &self,
+        who: &Principal,
+        new: NewRequest,
+        quorum: Option<(u32, Option<String>)>,
+    ) -> Result<Requested, GateError> {
         let now = self.now();
-        let transition =
+        let mut transition =
             ApprovalRequest::create(new_id("req", now)?, new, who, now, self.limits())?;
+        if let Some((approvals, group)) = quorum {
+            if !self.settings.request_quorum {
+                return Err(GateError::Forbidden(
+                    "this server does not let a request ask for its own quorum (approvals, approvers); its policies decide who must approve".into(),
+                ));
+            }
+            if let Some(group) = &group
+                && !self.settings.groups.exists(group)
+            {
+                return Err(GateError::BadInput(format!(
+                    "approvers: there is no group {group:?} in this server's [groups]"
+                )));
+            }
+            transition
+                .require_quorum(countersign_core::Quorum::new(approvals, group.as_deref())?)?;
+        }
         if transition.request.room.is_some() && !who.may(countersign_core::Scope::Rooms) {
             return Err(GateError::Forbidden(format!(
                 "{} may not post in rooms (it lacks the rooms scope): ask without room",
@@ -326,7 +357,6 @@ impl Gate {
             None => None,
         };
         self.check_pending_limit(who, &transition.request).await?;
-        let mut transition = transition;
         let ruling = self.apply_policies(who, &mut transition).await?;
         let created = transition.seal(new_salt()?);
         let decided = match ruling {

@@ -102,7 +102,10 @@ pub(super) async fn create_request(
     Caller { gate, who, .. }: Caller,
     ApiJson(input): ApiJson<RequestApprovalInput>,
 ) -> Result<Response, ApiError> {
-    let requested = gate.request_approval(&who, input.into()).await?;
+    let quorum = input.quorum();
+    let requested = gate
+        .request_approval_with(&who, input.into(), quorum)
+        .await?;
     let status = if requested.existing {
         StatusCode::OK
     } else {

@@ -56,7 +56,11 @@ impl McpService {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<RequestApprovalOutput>, ToolError> {
         let who = self.caller(&ctx)?;
-        let requested = self.gate.request_approval(&who, input.into()).await?;
+        let quorum = input.quorum();
+        let requested = self
+            .gate
+            .request_approval_with(&who, input.into(), quorum)
+            .await?;
         Ok(Json(RequestApprovalOutput::new(
             &requested.request,
             requested.existing,

@@ -388,4 +388,62 @@ mod tests {
         assert!(!subject.chars().any(surprising));
         assert_eq!(one_line("abcdef", 4), "abc…");
     }
+
+    #[test]
+    fn an_email_says_how_far_a_quorum_has_come() {
+        use countersign_core::{
+            ApprovalRequest, DecisionAccounts, DecisionInput, Limits, NewRequest, Principal,
+            Quorum, Role, Timestamp,
+        };
+        let now = Timestamp::parse("2026-12-02T10:00:00Z").unwrap_or_else(|_| unreachable!());
+        let agent = Principal::from_token("bot", Role::Agent);
+        let mut made = ApprovalRequest::create(
+            "req_e".into(),
+            NewRequest {
+                description: "Pay out".into(),
+                ..NewRequest::default()
+            },
+            &agent,
+            now,
+            &Limits::default(),
+        )
+        .unwrap_or_else(|e| panic!("{e}"));
+        made.require_quorum(Quorum::new(2, Some("sre")).unwrap_or_else(|e| panic!("{e}")))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let bob = Principal::user("bob", "Bob", Role::Approver);
+        let accounts = DecisionAccounts {
+            decider: "user:bob".into(),
+            requester: "token:bot".into(),
+            eligible: true,
+        };
+        let signer = countersign_core::keys::Signer::from_seed([7; 32]);
+        let one = made
+            .request
+            .decide_as(
+                countersign_core::Verdict::Approved,
+                DecisionInput::default(),
+                &bob,
+                &accounts,
+                countersign_core::Channel::Dashboard,
+                now.plus_seconds(5),
+                "nonce-0123456789abcdef".into(),
+                &signer,
+                &Limits::default(),
+            )
+            .unwrap_or_else(|e| panic!("{e}"));
+        let (_, text, html) = compose(&one.request, "https://gate.example", true, false, None);
+        assert!(
+            text.contains("Approvals: 1 of 2 approvals; 1 more needed, from sre (approved by Bob via dashboard)"),
+            "{text}"
+        );
+        assert!(
+            html.contains("1 of 2 approvals; 1 more needed, from sre"),
+            "{html}"
+        );
+        let (_, plain, _) = compose(&made.request, "https://gate.example", true, false, None);
+        assert!(
+            plain.contains("Approvals: 0 of 2 approvals; 2 more needed, from sre"),
+            "{plain}"
+        );
+    }
 }

@@ -27,6 +27,8 @@ pub struct LimitsSection {
     pub notifications_per_agent: Option<u32>,
     /// The window, in minutes (default 10).
     pub notification_window_minutes: Option<u64>,
+    /// Whether `request_approval` may ask for its own quorum (`approvals`, `approvers`).
+    pub request_quorum: Option<bool>,
 }
 
 /// What the three sections resolve to.
@@ -37,6 +39,7 @@ pub struct Guards {
     pub identities: Identities,
     pub room_messages_per_minute: u32,
     pub pending_per_agent: Option<usize>,
+    pub request_quorum: bool,
     pub digest: Option<countersign_server::notify::DigestConfig>,
 }
 
@@ -99,6 +102,7 @@ pub fn resolve(
         identities,
         room_messages_per_minute,
         pending_per_agent: limits.pending_per_agent,
+        request_quorum: limits.request_quorum.unwrap_or(false),
         digest,
     })
 }
@@ -127,6 +131,7 @@ mod tests {
                 pending_per_agent: Some(3),
                 notifications_per_agent: Some(2),
                 notification_window_minutes: None,
+                request_quorum: None,
             }),
         )
         .unwrap();

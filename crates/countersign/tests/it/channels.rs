@@ -992,6 +992,110 @@ impl SmtpSink {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn slack_shows_a_quorum_k_of_n_and_updates_the_message_as_approvals_come() {
+    let fake = FakeSlack::start().await;
+    let policy = "[policy]\nfiles = [\"p.cedar\"]\n";
+    let dir_config = format!("{policy}{}", slack_section(&fake));
+    let s = {
+        // The policy file must be there before serve starts.
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        std::fs::create_dir_all(&data).unwrap();
+        std::fs::write(
+            data.join("p.cedar"),
+            "@id(\"two-for-payouts\")\n@approvals(\"2\")\npermit(principal, action == Action::\"payout\", resource);\n",
+        )
+        .unwrap();
+        std::fs::write(data.join("countersign.toml"), &dir_config).unwrap();
+        let agent = common::create_token(&data, "agent", "deploy-bot").await;
+        let approver_token = common::create_token(&data, "approver", "ops-bot").await;
+        let admin = common::create_token(&data, "admin", "root").await;
+        let server = Server::start(&data);
+        let setup = Setup {
+            _dir: dir,
+            data,
+            server,
+            agent,
+            approver_token,
+            admin,
+        };
+        add_approver(&setup, "alice", "Alice Approver").await;
+        setup
+    };
+    let id = s
+        .server
+        .create_request(
+            &s.agent,
+            &json!({
+                "action_description": "Pay out 9,000 GBP",
+                "action_details": {"tool": "payout", "amount": "9000"},
+                "recipient_slack": "C0APPROVE",
+            }),
+        )
+        .await;
+    let posted = fake
+        .wait_for("chat.postMessage", |b| b.to_string().contains(&id))
+        .await;
+    assert!(
+        posted
+            .to_string()
+            .contains("0 of 2 approvals; 2 more needed"),
+        "{posted}"
+    );
+
+    // One approval over the API: the message shows it and keeps its buttons.
+    let (status, body) = s.server.decide(&id, &s.approver_token, "approve").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["status"], "pending");
+    let progress = fake
+        .wait_for("chat.update", |b| {
+            b.to_string().contains(&id) && b.to_string().contains("1 of 2 approvals")
+        })
+        .await;
+    let text = progress.to_string();
+    assert!(text.contains("1 more needed"), "{text}");
+    assert!(text.contains("approved by ops-bot via api"), "{text}");
+    assert!(
+        text.contains("countersign_approve"),
+        "the buttons stay: {text}"
+    );
+
+    // Alice completes it from Slack: approved, both named.
+    let approve = click(
+        &fake,
+        ALICE_SLACK,
+        "countersign_approve",
+        &id,
+        "555.666.ccc",
+    );
+    let (status, body) = interact(&s.server, &approve, Signed::default()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let done = get_request(&s, &id).await;
+    assert_eq!(done["status"], "approved", "{done}");
+    let approvers: Vec<&str> = done["decision"]["approvers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a["id"].as_str().unwrap())
+        .collect();
+    assert_eq!(approvers, ["token:ops-bot", "user:alice"]);
+    let last = fake
+        .wait_for("chat.update", |b| {
+            b.to_string().contains(&id) && b.to_string().contains("Approved by")
+        })
+        .await;
+    let text = last.to_string();
+    assert!(
+        text.contains("*ops-bot* via api") && text.contains("*Alice Approver* via slack"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("countersign_approve"),
+        "no buttons once decided: {text}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slack_that_cannot_deliver_falls_back_to_email() {
     let smtp = match SmtpSink::start().await {
         Ok(s) => s,

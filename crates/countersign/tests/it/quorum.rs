@@ -248,6 +248,17 @@ async fn two_accounts_from_the_group_approve_and_no_account_counts_twice() {
         "finance-transfers,sre-transfers"
     );
 
+    // This server does not let a request ask for its own quorum.
+    let (status, body) = server
+        .post(
+            "/api/v1/requests",
+            Some(&t.bot),
+            &json!({"action_description": "anything", "approvals": 2}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
+    assert!(body.to_string().contains("its own quorum"), "{body}");
+
     // The log has each approval as it came, and the database agrees with it.
     let out = common::run(&data, &["log", "verify"]).await;
     assert!(out.ok(), "log verify: {out}");
@@ -303,6 +314,70 @@ async fn the_last_approval_and_a_rejection_at_once_give_one_outcome() {
         }
     }
     println!("12 races: {approved} approved, {rejected} rejected");
+    let out = common::run(&data, &["log", "verify"]).await;
+    assert!(out.ok(), "log verify: {out}");
+}
+
+#[tokio::test]
+async fn a_request_asks_for_its_own_quorum_where_the_operator_allows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    configure(&data);
+    let mut config = std::fs::read_to_string(data.join("countersign.toml")).unwrap();
+    config.push_str("\n[limits]\nrequest_quorum = true\n");
+    std::fs::write(data.join("countersign.toml"), config).unwrap();
+    let t = tokens(&data).await;
+    let server = Server::start(&data);
+
+    let (status, made) = server
+        .post(
+            "/api/v1/requests",
+            Some(&t.bot),
+            &json!({"action_description": "rotate the root keys", "approvals": 3, "approvers": "sre"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    assert_eq!(made["quorum"]["required"], 3, "{made}");
+    assert_eq!(made["quorum"]["group"], "sre");
+    let id = made["request_id"].as_str().unwrap();
+    let (status, body) = server.decide(id, &t.carol, "approved").await;
+    assert_eq!(code(&body), "not_eligible", "{status} {body}");
+    for token in [&t.alice_laptop, &t.bob] {
+        let (status, body) = server.decide(id, token, "approved").await;
+        assert_eq!(status, StatusCode::OK, "{body}");
+        assert_eq!(body["status"], "pending", "{body}");
+    }
+    let (_, done) = server.decide(id, &t.erin, "approved").await;
+    assert_eq!(done["status"], "approved", "{done}");
+    assert_eq!(done["decision"]["approvers"].as_array().unwrap().len(), 3);
+
+    // A policy's quorum and the request's combine: the larger count applies.
+    let (status, made) = server
+        .post(
+            "/api/v1/requests",
+            Some(&t.bot),
+            &json!({"action_description": "deploy", "action_details": {"tool": "deploy", "env": "production"}, "approvals": 1, "approvers": "sre"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{made}");
+    assert_eq!(made["quorum"]["required"], 2, "{made}");
+    // A group the config lacks, and a count out of range, are refused.
+    let (status, body) = server
+        .post(
+            "/api/v1/requests",
+            Some(&t.bot),
+            &json!({"action_description": "x", "approvers": "nobody"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = server
+        .post(
+            "/api/v1/requests",
+            Some(&t.bot),
+            &json!({"action_description": "x", "approvals": 11}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     let out = common::run(&data, &["log", "verify"]).await;
     assert!(out.ok(), "log verify: {out}");
 }
