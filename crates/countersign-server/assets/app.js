@@ -584,6 +584,7 @@ function decisionForm(r) {
       const recorded = decision === "approved" && after && after.status === "pending" && after.quorum;
       let text = recorded ? `Your approval is recorded: ${quorumSummary(after.quorum)}.` : decision === "approved" ? "Approved. The agent has its proof." : "Rejected. The agent has been told.";
       if (after && after.grant) text += ` Grant ${after.grant.id}: ${after.grant.tool} allowed until ${fmtTime(after.grant.expires_at)}.`;
+      if (after && after.grant_error) text += ` ${after.grant_error}`;
       const done = { kind: "ok", text };
       state.decidedHere = { id: r.request_id, notice: done };
       await loadDetail(done);

@@ -832,6 +832,9 @@ pub struct RequestView {
     /// The standing grant given with this decision, if one was asked for.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub grant: Option<GrantView>,
+    /// Why the grant asked for with this approval was not given (the approval stands).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grant_error: Option<String>,
 }
 
 impl RequestView {
@@ -855,6 +858,7 @@ impl RequestView {
             can_decide: pending && reason.is_none(),
             cannot_decide_reason: reason,
             grant: None,
+            grant_error: None,
         }
     }
 }

@@ -214,15 +214,31 @@ pub(super) async fn decide(
             channel,
         )
         .await?;
-    let granted = match grant {
+    // The approval stands whatever becomes of the grant: a grant that cannot be stored
+    // now (it was checked before deciding) is reported beside the approval, not as an
+    // error that would hide it.
+    let (granted, grant_error) = match grant {
         Some(new) if request.status == countersign_core::Status::Approved => {
-            Some(gate.create_grant(&decider, new, channel).await?)
+            match gate.create_grant(&decider, new, channel).await {
+                Ok(grant) => (Some(grant), None),
+                Err(err) => {
+                    tracing::warn!(request = %request.id, %err, "approved, but the grant asked for with it was not stored");
+                    (
+                        None,
+                        Some(format!(
+                            "approved; the grant was not given: {}",
+                            err.public_message()
+                        )),
+                    )
+                }
+            }
         }
-        _ => None,
+        _ => (None, None),
     };
     let accounts = gate.accounts_for(&request, decider.principal());
     let mut view = RequestView::new(&request, decider.principal(), &accounts);
     view.grant = granted.map(|g| GrantView::new(g, gate.now()));
+    view.grant_error = grant_error;
     Ok(Json(view))
 }
 
