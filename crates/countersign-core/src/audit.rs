@@ -434,66 +434,8 @@ impl Audit {
                 self.members
                     .remove(&(field(data, "room")?, field(data, "member")?));
             }
-            EventKind::GrantCreated => {
-                let id: String = field(data, "grant_id")?;
-                let mut grant = Map::new();
-                for key in [
-                    "agent",
-                    "tool",
-                    "granted_by",
-                    "expires_at",
-                    "max_uses",
-                    "from_request",
-                ] {
-                    grant.insert(key.into(), data.get(key).cloned().unwrap_or(Value::Null));
-                }
-                grant.insert("id".into(), to_json(&id));
-                grant.insert("granted_at".into(), to_json(&entry.at));
-                for key in ["exact", "max"] {
-                    let bounds = payload
-                        .get(key)
-                        .cloned()
-                        .unwrap_or(Value::Object(Map::new()));
-                    grant.insert(key.into(), bounds);
-                }
-                grant.insert("uses".into(), Value::from(0));
-                grant.insert("revoked_at".into(), Value::Null);
-                grant.insert("revoked_by".into(), Value::Null);
-                if self.grants.insert(id.clone(), grant).is_some() {
-                    return Err(format!("grant {id} is created a second time"));
-                }
-            }
-            EventKind::GrantUsed | EventKind::GrantRevoked => {
-                let id: String = field(data, "grant_id")?;
-                let Some(grant) = self.grants.get_mut(&id) else {
-                    return Err(format!("grant {id} was never created"));
-                };
-                if grant.get("revoked_at").is_some_and(|v| !v.is_null()) {
-                    return Err(format!(
-                        "grant {id} is {} after it was revoked",
-                        entry.kind.as_str()
-                    ));
-                }
-                if entry.kind == EventKind::GrantRevoked {
-                    grant.insert("revoked_at".into(), to_json(&entry.at));
-                    grant.insert("revoked_by".into(), to_json(&actor));
-                } else {
-                    let uses = grant.get("uses").and_then(Value::as_u64).unwrap_or(0) + 1;
-                    let said: u64 = field(data, "uses")?;
-                    if said != uses {
-                        return Err(format!(
-                            "it says use {said} of grant {id}, the log has {uses}"
-                        ));
-                    }
-                    let max = grant.get("max_uses").and_then(Value::as_u64);
-                    if max.is_some_and(|m| uses > m) {
-                        return Err(format!(
-                            "grant {id} is used more than its {} uses",
-                            max.unwrap_or(0)
-                        ));
-                    }
-                    grant.insert("uses".into(), Value::from(uses));
-                }
+            EventKind::GrantCreated | EventKind::GrantUsed | EventKind::GrantRevoked => {
+                crate::grant::replay(&mut self.grants, entry, payload)?;
             }
             // Recorded decisions, key rotations and endorsements, presence and messages
             // live in the log (and their payloads) only: their openings were checked

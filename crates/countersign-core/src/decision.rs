@@ -213,6 +213,30 @@ impl ApprovalRequest {
         }
     }
 
+    /// A decision no person made at `now` (a rule's or a grant's): no approver, comment
+    /// or fields; valid for the request's `valid_for_seconds`. The caller names the policy
+    /// or the grant behind it.
+    pub(crate) fn by_no_person(
+        &self,
+        verdict: Verdict,
+        kind: AuthorizationType,
+        now: Timestamp,
+        nonce: String,
+    ) -> Decision {
+        Decision {
+            decision: verdict,
+            authorization_type: kind,
+            approvers: Vec::new(),
+            comment: None,
+            fields: BTreeMap::new(),
+            decided_at: now,
+            valid_until: now.plus_seconds(self.valid_for_seconds),
+            nonce,
+            policy: None,
+            grant: None,
+        }
+    }
+
     /// Refuses an approval whose reply fields leave out one the request asks for.
     pub(crate) fn check_fields(&self, fields: &BTreeMap<String, String>) -> Result<(), CoreError> {
         let missing: Vec<&str> = self
@@ -268,16 +292,8 @@ impl ApprovalRequest {
             ));
         }
         let decision = Decision {
-            decision: verdict,
-            authorization_type: kind,
-            approvers: Vec::new(),
-            comment: None,
-            fields: BTreeMap::new(),
-            decided_at: now,
-            valid_until: now.plus_seconds(self.valid_for_seconds),
-            nonce,
             policy: Some(policy),
-            grant: None,
+            ..self.by_no_person(verdict, kind, now, nonce)
         };
         Ok(self.signed(decision, signer))
     }

@@ -8,10 +8,13 @@
 //! not apply to a request that needs a quorum or approvers from a group, and nobody
 //! grants to an agent of their own account.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{Map, Value, json};
+
+use crate::audit::field;
+use crate::event::LogEntry;
 
 use crate::Verdict;
 use crate::decision::Decision;
@@ -389,6 +392,76 @@ impl Grant {
     }
 }
 
+/// Replays a grant entry (`grant_created`, `grant_used`, `grant_revoked`) onto the
+/// grants the log implies so far, each as its stored JSON without the proof (the audit,
+/// which compares them with the rows). Refuses an entry the grant's history cannot have.
+pub(crate) fn replay(
+    grants: &mut HashMap<String, Map<String, Value>>,
+    entry: &LogEntry,
+    payload: &Map<String, Value>,
+) -> Result<(), String> {
+    let data = &entry.data;
+    let id: String = field(data, "grant_id")?;
+    let actor = entry.actor.clone().unwrap_or_default();
+    if entry.kind == EventKind::GrantCreated {
+        let mut grant = Map::new();
+        for key in [
+            "agent",
+            "tool",
+            "granted_by",
+            "expires_at",
+            "max_uses",
+            "from_request",
+        ] {
+            grant.insert(key.into(), data.get(key).cloned().unwrap_or(Value::Null));
+        }
+        grant.insert("id".into(), json!(id));
+        grant.insert("granted_at".into(), json!(entry.at));
+        for key in ["exact", "max"] {
+            let bounds = payload
+                .get(key)
+                .cloned()
+                .unwrap_or(Value::Object(Map::new()));
+            grant.insert(key.into(), bounds);
+        }
+        grant.insert("uses".into(), json!(0));
+        grant.insert("revoked_at".into(), Value::Null);
+        grant.insert("revoked_by".into(), Value::Null);
+        if grants.insert(id.clone(), grant).is_some() {
+            return Err(format!("grant {id} is created a second time"));
+        }
+        return Ok(());
+    }
+    let Some(grant) = grants.get_mut(&id) else {
+        return Err(format!("grant {id} was never created"));
+    };
+    if grant.get("revoked_at").is_some_and(|v| !v.is_null()) {
+        return Err(format!(
+            "grant {id} is {} after it was revoked",
+            entry.kind.as_str()
+        ));
+    }
+    if entry.kind == EventKind::GrantRevoked {
+        grant.insert("revoked_at".into(), json!(entry.at));
+        grant.insert("revoked_by".into(), json!(actor));
+        return Ok(());
+    }
+    let uses = grant.get("uses").and_then(Value::as_u64).unwrap_or(0) + 1;
+    let said: u64 = field(data, "uses")?;
+    if said != uses {
+        return Err(format!(
+            "it says use {said} of grant {id}, the log has {uses}"
+        ));
+    }
+    if let Some(max) = grant.get("max_uses").and_then(Value::as_u64)
+        && uses > max
+    {
+        return Err(format!("grant {id} is used more than its {max} uses"));
+    }
+    grant.insert("uses".into(), json!(uses));
+    Ok(())
+}
+
 impl ApprovalRequest {
     /// The approval `grant` gives this new request, signed: `authorization_type:
     /// "grant"`, no approver of its own, the grant and its maker named.
@@ -409,16 +482,8 @@ impl ApprovalRequest {
             return Err(CoreError::Refused(why));
         }
         let decision = Decision {
-            decision: Verdict::Approved,
-            authorization_type: AuthorizationType::Grant,
-            approvers: Vec::new(),
-            comment: None,
-            fields: BTreeMap::new(),
-            decided_at: now,
-            valid_until: now.plus_seconds(self.valid_for_seconds),
-            nonce,
-            policy: None,
             grant: Some(grant.reference()),
+            ..self.by_no_person(Verdict::Approved, AuthorizationType::Grant, now, nonce)
         };
         Ok(self.signed(decision, signer))
     }

@@ -8,10 +8,20 @@ use countersign_core::{ApprovalRequest, Envelope, NewRequest, Status, VerifyRepo
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
+mod decisions;
+mod evidence;
 mod redemption;
 mod reviews;
 mod why;
 
+pub use decisions::{
+    BatchBody, GrantBody, GrantRefView, GrantView, NewGrantBody, NotDecided, QuorumView,
+    RecordedApprovalView, SelectedRequest,
+};
+pub use evidence::{
+    BundleReportView, ModelInput, RecordDecisionInput, RecordDecisionOutput, RecordOutcomeInput,
+    RecordReviewInput,
+};
 pub use redemption::{RedeemOutput, RedeemProofInput};
 pub use reviews::{ReviewOutput, ReviewView};
 pub use why::{WhyKind, WhyPolicy, WhyView};
@@ -151,81 +161,6 @@ impl ApproverView {
     }
 }
 
-/// How far a request that needs several approvals has come.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct QuorumView {
-    /// Distinct accounts that must approve.
-    pub required: u32,
-    /// The group (`[groups]`) every approver must be in, if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub group: Option<String>,
-    /// The approvals recorded so far, in order.
-    pub approvals: Vec<RecordedApprovalView>,
-    /// Approvals still needed (0 once decided).
-    pub still_needed: u32,
-}
-
-/// One approval recorded toward a quorum.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct RecordedApprovalView {
-    pub approver: ApproverView,
-    pub approved_at: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub comment: Option<String>,
-}
-
-impl QuorumView {
-    pub fn of(request: &ApprovalRequest) -> Option<Self> {
-        let quorum = request.quorum.as_ref()?;
-        let (so_far, required) = request.quorum_progress()?;
-        let decided = request.status != countersign_core::Status::Pending;
-        let mut approvals: Vec<RecordedApprovalView> = request
-            .approvals
-            .iter()
-            .map(|a| RecordedApprovalView {
-                approver: ApproverView::of(&a.approver),
-                approved_at: a.approved_at.to_string(),
-                comment: a.comment.clone(),
-            })
-            .collect();
-        // The approval that reached the quorum is the decision's last approver.
-        if let Some(d) = &request.decision
-            && d.decision == countersign_core::Verdict::Approved
-            && d.authorization_type == countersign_core::AuthorizationType::Human
-            && let Some(last) = d.approvers.last()
-        {
-            approvals.push(RecordedApprovalView {
-                approver: ApproverView::of(last),
-                approved_at: d.decided_at.to_string(),
-                comment: d.comment.clone(),
-            });
-        }
-        Some(Self {
-            required,
-            group: quorum.group.clone(),
-            approvals,
-            still_needed: if decided {
-                0
-            } else {
-                required.saturating_sub(so_far)
-            },
-        })
-    }
-
-    /// "1 of 2 approvals; 1 more needed, from sre".
-    pub fn summary(&self) -> String {
-        let so_far = self.approvals.len();
-        let mut line = format!("{so_far} of {} approvals", self.required);
-        if self.still_needed > 0 {
-            line.push_str(&format!("; {} more needed", self.still_needed));
-            if let Some(group) = &self.group {
-                line.push_str(&format!(", from {group}"));
-            }
-        }
-        line
-    }
-}
-
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct DecisionView {
     /// approved or rejected.
@@ -245,13 +180,6 @@ pub struct DecisionView {
     /// For a grant decision: the standing grant and who gave it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub grant: Option<GrantRefView>,
-}
-
-/// The standing grant behind a decision.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct GrantRefView {
-    pub id: String,
-    pub granted_by: ApproverView,
 }
 
 /// A policy behind a decision, or the policies that sent a request to people.
@@ -600,224 +528,6 @@ pub struct DecisionBody {
     /// (a standing grant; docs/policies.md#standing-grants).
     #[serde(default)]
     pub grant: Option<GrantBody>,
-}
-
-/// Many decisions with one confirmation (`POST /api/v1/requests/decisions`).
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct BatchBody {
-    /// approved or rejected, for every request.
-    pub decision: String,
-    #[serde(default)]
-    pub comment: Option<String>,
-    /// The requests, each with the version it was selected at.
-    pub requests: Vec<SelectedRequest>,
-}
-
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct SelectedRequest {
-    pub id: String,
-    pub version: u64,
-}
-
-/// A request a batch did not decide, and why.
-#[derive(Debug, Clone, Serialize)]
-pub struct NotDecided {
-    pub request_id: String,
-    /// A stable code (`changed`, `already_decided`, `expired`, `self_approval`, ...).
-    pub code: &'static str,
-    pub message: String,
-}
-
-/// A standing grant asked for with an approval: the request's agent and tool.
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct GrantBody {
-    /// How long it lasts, in seconds (default 3600, at most 30 days).
-    #[serde(default)]
-    pub for_seconds: Option<u64>,
-    /// How many requests it may approve (default: any number until it expires).
-    #[serde(default)]
-    pub max_uses: Option<u32>,
-    /// Details a covered request must have with this request's values.
-    #[serde(default)]
-    pub exact: Vec<String>,
-    /// Details a covered request must have as numbers at most these.
-    #[serde(default)]
-    pub max: BTreeMap<String, String>,
-}
-
-impl From<GrantBody> for crate::gate::GrantTerms {
-    fn from(body: GrantBody) -> Self {
-        Self {
-            for_seconds: body.for_seconds,
-            max_uses: body.max_uses,
-            exact: body.exact,
-            max: body.max,
-        }
-    }
-}
-
-/// A new standing grant on its own (`POST /api/v1/grants`).
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct NewGrantBody {
-    /// The agent's principal id (`token:deploy-bot`).
-    pub agent: String,
-    /// The tool (a request's `tool` detail).
-    pub tool: String,
-    #[serde(default)]
-    pub exact: BTreeMap<String, String>,
-    #[serde(default)]
-    pub max: BTreeMap<String, String>,
-    #[serde(default)]
-    pub for_seconds: Option<u64>,
-    #[serde(default)]
-    pub max_uses: Option<u32>,
-}
-
-/// A standing grant as approvers see it.
-#[derive(Debug, Clone, Serialize)]
-pub struct GrantView {
-    #[serde(flatten)]
-    pub grant: countersign_core::Grant,
-    /// active, expired, used_up or revoked.
-    pub status: &'static str,
-}
-
-impl GrantView {
-    pub fn new(grant: countersign_core::Grant, now: countersign_core::Timestamp) -> Self {
-        Self {
-            status: grant.status(now),
-            grant,
-        }
-    }
-}
-
-/// `record_outcome`'s input.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RecordOutcomeInput {
-    pub request_id: String,
-    /// succeeded, failed or partial.
-    pub status: String,
-    /// One line on what happened.
-    #[serde(default)]
-    pub summary: Option<String>,
-    #[serde(default)]
-    pub details: BTreeMap<String, String>,
-}
-
-/// The model that made an autonomous decision.
-#[derive(Debug, Clone, Default, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ModelInput {
-    #[serde(default)]
-    pub provider: Option<String>,
-    #[serde(default)]
-    pub name: Option<String>,
-    #[serde(default)]
-    pub version: Option<String>,
-}
-
-/// `record_decision`'s input: a decision an agent or system made on its own.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RecordDecisionInput {
-    /// What was decided, in words.
-    pub decision: String,
-    #[serde(default)]
-    pub rationale: Option<String>,
-    #[serde(default)]
-    pub model: Option<ModelInput>,
-    /// The authority it acted under, e.g. {"policy": "refunds-under-50"}.
-    #[serde(default)]
-    pub authority: BTreeMap<String, String>,
-    #[serde(default)]
-    pub details: BTreeMap<String, String>,
-    /// An approval request this decision relates to.
-    #[serde(default)]
-    pub related_request: Option<String>,
-}
-
-impl From<RecordDecisionInput> for countersign_core::evidence::DecisionRecordInput {
-    fn from(input: RecordDecisionInput) -> Self {
-        Self {
-            decision: input.decision,
-            rationale: input.rationale,
-            model: input.model.map(|m| countersign_core::evidence::ModelInfo {
-                provider: m.provider,
-                name: m.name,
-                version: m.version,
-            }),
-            authority: input.authority,
-            details: input.details,
-            related_request: input.related_request,
-        }
-    }
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct RecordDecisionOutput {
-    /// The recorded decision's id (`dec_...`): pass it to get_evidence.
-    pub record_id: String,
-    /// Its position in the transparency log.
-    pub log_index: u64,
-    pub message: String,
-}
-
-/// `record_review`'s input. The reviewer is set by the operator, never here.
-#[derive(Debug, Clone, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct RecordReviewInput {
-    pub request_id: String,
-    /// accepted or flagged.
-    pub verdict: String,
-    #[serde(default)]
-    pub notes: Option<String>,
-}
-
-/// The result of verifying an evidence bundle.
-#[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
-pub struct BundleReportView {
-    /// Everything checks out under this server's trusted keys and the bundle is proven
-    /// complete.
-    pub valid: bool,
-    /// The manifest is signed by a trusted key: the bundle holds every entry of its
-    /// subject up to its tree size (never for a v1 bundle, which is unsigned).
-    #[serde(default)]
-    pub complete: bool,
-    /// The key that signed the manifest.
-    #[serde(default)]
-    pub manifest_signed_by: Option<String>,
-    /// Every problem found; empty when valid.
-    pub reasons: Vec<String>,
-    pub subject: Option<String>,
-    /// redacted or full.
-    pub mode: Option<String>,
-    pub log_origin: Option<String>,
-    pub tree_size: Option<u64>,
-    /// The verified entries' types, in log order.
-    pub events: Vec<String>,
-    pub decisions: usize,
-}
-
-impl From<countersign_core::bundle::BundleReport> for BundleReportView {
-    fn from(r: countersign_core::bundle::BundleReport) -> Self {
-        Self {
-            valid: r.valid,
-            complete: r.complete,
-            manifest_signed_by: r.manifest_signed_by,
-            reasons: r.reasons,
-            subject: r.subject,
-            mode: r.mode.map(|m| enum_str(&m)),
-            log_origin: r.log_origin,
-            tree_size: r.tree_size,
-            events: r.events,
-            decisions: r.decisions,
-        }
-    }
 }
 
 /// A request as a person (or the agent that asked) looks at it: the request, its

@@ -4,12 +4,14 @@
 //! compare-and-swap, so the rules live in one place. Accounts and rooms are services it
 //! owns and calls down into; tokens and evidence are in the submodules.
 
+mod batch;
 mod builder;
 mod evidence;
 mod grants;
 mod keys;
 mod policy;
 mod recipients;
+mod settings;
 mod tokens;
 mod visibility;
 
@@ -33,6 +35,7 @@ use crate::keyring::KeyRing;
 use crate::log::TransparencyLog;
 use crate::rooms::Rooms;
 
+pub use batch::{Batch, MAX_BATCH_DECISIONS};
 pub use builder::{GateBuilder, Keys};
 pub use evidence::{EvidenceTurn, Redeemed, ReviewerSettings};
 pub use grants::{DEFAULT_GRANT_SECONDS, GrantTerms};
@@ -41,6 +44,10 @@ pub use policy::{
     PolicySettings, TOOL_DETAIL, load_set as load_policy_set, read_files as read_policy_files,
 };
 pub use recipients::Recipients;
+pub use settings::{
+    DEFAULT_MAX_SESSIONS_PER_ACCOUNT, DEFAULT_MAX_WAITS_PER_TOKEN, DEFAULT_SESSION_SECONDS,
+    MAX_SESSION_SECONDS, Settings,
+};
 pub use tokens::NewToken;
 pub use visibility::EntryShown;
 
@@ -50,19 +57,6 @@ pub const PROGRESS_EVERY: Duration = Duration::from_secs(5);
 /// `wait_for_approval`, room waits): a client calls again to keep waiting.
 pub const DEFAULT_WAIT_SECONDS: u64 = 45;
 pub const MAX_WAIT_SECONDS: u64 = 300;
-/// How long a dashboard session lasts unless configured otherwise.
-pub const DEFAULT_SESSION_SECONDS: u64 = 12 * 3600;
-/// The longest a dashboard session may be configured to last: 30 days.
-pub const MAX_SESSION_SECONDS: u64 = 30 * 24 * 3600;
-
-/// How many waits one credential may hold open at once unless configured otherwise:
-/// enough for a fleet of agents sharing one token (the 10,000-waiter benchmark sets its
-/// own), few enough that one token cannot hold every connection the server allows.
-pub const DEFAULT_MAX_WAITS_PER_TOKEN: usize = 1_000;
-
-/// Dashboard sessions per account unless configured otherwise: a person's browsers and
-/// devices, with room to spare.
-pub const DEFAULT_MAX_SESSIONS_PER_ACCOUNT: usize = 10;
 
 /// A wait of `given` seconds (or `default`), refused beyond [`MAX_WAIT_SECONDS`].
 pub fn wait_time(given: Option<u64>, default: u64) -> Result<Duration, GateError> {
@@ -75,101 +69,12 @@ pub fn wait_time(given: Option<u64>, default: u64) -> Result<Duration, GateError
     Ok(Duration::from_secs(seconds))
 }
 
-/// The most requests one batch decision takes.
-pub const MAX_BATCH_DECISIONS: usize = 100;
-
-/// What a batch decision did: the requests it decided, and those it did not, with why.
-#[derive(Debug, Default)]
-pub struct Batch {
-    pub decided: Vec<ApprovalRequest>,
-    pub not_decided: Vec<(String, GateError)>,
-}
-
 /// The outcome of `request_approval`.
 #[derive(Debug, Clone)]
 pub struct Requested {
     pub request: ApprovalRequest,
     /// True when an earlier request with the same idempotency key was returned.
     pub existing: bool,
-}
-
-/// What an operator decides about the gate's behaviour. `Settings::default()` states
-/// each default once; the binary's config starts from it.
-#[derive(Debug, Clone)]
-pub struct Settings {
-    pub limits: Limits,
-    /// When set, `record_review` is available to this reviewer, and to no one else.
-    pub reviewer: Option<ReviewerSettings>,
-    /// Who a request may name as recipients besides the configured routes.
-    pub recipients: Recipients,
-    /// Whether evidence bundles may include raw payloads (mode `full`).
-    pub raw_payload_export: bool,
-    /// Where purged rooms' backups are written.
-    pub backup_dir: Option<std::path::PathBuf>,
-    /// How long a dashboard session lasts, in seconds.
-    pub session_seconds: u64,
-    /// How many waits (REST long polls, MCP `wait_for_approval`, room waits) one
-    /// credential may have open at once.
-    pub max_waits_per_token: usize,
-    /// Named groups of principals (`[groups]`), which rooms may be restricted to and
-    /// quorums may require their approvers from.
-    pub groups: countersign_core::Groups,
-    /// The dashboard account each token and OS user belongs to (`[tokens] accounts`,
-    /// `[cli] accounts`): quorum and separation of duties count accounts.
-    pub identities: countersign_core::Identities,
-    /// How many room messages one principal may post per minute (0: no limit).
-    pub room_messages_per_minute: u32,
-    /// How many pending requests one requester may have at once (`None`: no limit).
-    pub pending_per_agent: Option<usize>,
-    /// Whether a request may ask for its own quorum (`approvals`, `approvers`): off by
-    /// default, since naming a group also narrows who may approve.
-    pub request_quorum: bool,
-    /// `[policy]`: the Cedar policy files and the zone their `context.time` is in;
-    /// `None`: no policies (one person decides every request).
-    pub policy: Option<PolicySettings>,
-    /// How many dashboard sessions one account may hold; signing in past it ends the
-    /// account's oldest session.
-    pub max_sessions_per_account: usize,
-}
-
-impl Settings {
-    /// Checks the settings that have bounds; the message names the setting.
-    pub fn validate(&self) -> Result<(), String> {
-        if self.max_waits_per_token == 0 {
-            return Err("max_waits_per_token must be at least 1".into());
-        }
-        if !(1..=1000).contains(&self.max_sessions_per_account) {
-            return Err("max_sessions_per_account must be between 1 and 1000".into());
-        }
-        if !(1..=MAX_SESSION_SECONDS).contains(&self.session_seconds) {
-            return Err(format!(
-                "a dashboard session must last between 1 second and {} hours",
-                MAX_SESSION_SECONDS / 3600
-            ));
-        }
-        Ok(())
-    }
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Self {
-            limits: Limits::default(),
-            reviewer: None,
-            recipients: Recipients::default(),
-            raw_payload_export: false,
-            backup_dir: None,
-            session_seconds: DEFAULT_SESSION_SECONDS,
-            max_waits_per_token: DEFAULT_MAX_WAITS_PER_TOKEN,
-            groups: countersign_core::Groups::default(),
-            identities: countersign_core::Identities::default(),
-            room_messages_per_minute: crate::rooms::DEFAULT_MESSAGES_PER_MINUTE,
-            pending_per_agent: None,
-            request_quorum: false,
-            policy: None,
-            max_sessions_per_account: DEFAULT_MAX_SESSIONS_PER_ACCOUNT,
-        }
-    }
 }
 
 pub struct Gate {
@@ -560,22 +465,38 @@ impl Gate {
         channel: Channel,
     ) -> Result<ApprovalRequest, GateError> {
         let signer = self.keys.signer();
-        let by = decider.principal();
         self.transition(id, |request, now| {
-            let accounts = self.accounts_for(request, by);
-            Ok(request.decide_as(
-                verdict,
-                input.clone(),
-                by,
-                &accounts,
-                channel,
-                now,
-                new_nonce()?,
-                &signer,
-                self.limits(),
-            )?)
+            self.person_decides(request, decider, verdict, &input, channel, now, &signer)
         })
         .await
+    }
+
+    /// `decider`'s decision of `request` at `now`, as the accounts its identities map to
+    /// (signed when final; an approval short of a quorum is recorded).
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn person_decides(
+        &self,
+        request: &ApprovalRequest,
+        decider: &Decider,
+        verdict: Verdict,
+        input: &DecisionInput,
+        channel: Channel,
+        now: Timestamp,
+        signer: &countersign_core::keys::Signer,
+    ) -> Result<Transition, GateError> {
+        let by = decider.principal();
+        let accounts = self.accounts_for(request, by);
+        Ok(request.decide_as(
+            verdict,
+            input.clone(),
+            by,
+            &accounts,
+            channel,
+            now,
+            new_nonce()?,
+            signer,
+            self.limits(),
+        )?)
     }
 
     /// The accounts `by` and the requester of `request` count as (`[tokens] accounts`,
@@ -610,72 +531,6 @@ impl Gate {
             }
         }
         self.decide(decider, id, verdict, input, channel).await
-    }
-
-    /// Decides many requests with one confirmation: each at the version its decider
-    /// selected it at, each with its own signed proof and log entry. A request that
-    /// changed since (decided, timed out, cancelled, an approval recorded) is reported in
-    /// `not_decided` with the reason, never decided; so is one this decider may not
-    /// decide. At most [`MAX_BATCH_DECISIONS`] at once.
-    pub async fn decide_batch(
-        &self,
-        decider: &Decider,
-        selected: &[(String, u64)],
-        verdict: Verdict,
-        input: DecisionInput,
-        channel: Channel,
-    ) -> Result<Batch, GateError> {
-        if selected.is_empty() || selected.len() > MAX_BATCH_DECISIONS {
-            return Err(GateError::BadInput(format!(
-                "requests: {} selected; a batch decides 1 to {MAX_BATCH_DECISIONS}",
-                selected.len()
-            )));
-        }
-        let mut seen = std::collections::HashSet::new();
-        if let Some((id, _)) = selected.iter().find(|(id, _)| !seen.insert(id.as_str())) {
-            return Err(GateError::BadInput(format!(
-                "requests: {id} is selected twice"
-            )));
-        }
-        let signer = self.keys.signer();
-        let by = decider.principal();
-        let mut batch = Batch::default();
-        for (id, version) in selected {
-            let decided = self
-                .transition(id, |request, now| {
-                    if request.version != *version {
-                        return Err(request
-                            .closed_error(now)
-                            .map(GateError::from)
-                            .unwrap_or_else(|| {
-                                GateError::Changed(format!(
-                                    "request {id} changed since it was selected (version {version}, now {}): look at it again",
-                                    request.version
-                                ))
-                            }));
-                    }
-                    let accounts = self.accounts_for(request, by);
-                    Ok(request.decide_as(
-                        verdict,
-                        input.clone(),
-                        by,
-                        &accounts,
-                        channel,
-                        now,
-                        new_nonce()?,
-                        &signer,
-                        self.limits(),
-                    )?)
-                })
-                .await;
-            match decided {
-                Ok(request) => batch.decided.push(request),
-                Err(err @ GateError::Internal(_)) => return Err(err),
-                Err(GateError::Store(err)) => return Err(GateError::Store(err)),
-                Err(err) => batch.not_decided.push((id.clone(), err)),
-            }
-        }
-        Ok(batch)
     }
 
     /// Withdraws a pending request (its requester, or an approver).

@@ -136,16 +136,8 @@ pub async fn decide(
         for (k, v) in &request.action.details {
             eprintln!("  {k}: {v}");
         }
-        eprint!(
-            "{} this request as {}? [y/N] ",
-            verb(verdict),
-            runtime::os_user()
-        );
-        std::io::stderr().flush()?;
-        let mut answer = String::new();
-        std::io::stdin().lock().read_line(&mut answer)?;
-        if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
-            eprintln!("not decided");
+        let question = format!("{} this request as {}?", verb(verdict), runtime::os_user());
+        if !confirmed(&question)? {
             return Ok(ExitCode::from(1));
         }
     }
@@ -254,17 +246,13 @@ async fn decide_many(
         );
     }
     if interactive && !args.yes {
-        eprint!(
-            "{} these {} requests as {}? [y/N] ",
+        let question = format!(
+            "{} these {} requests as {}?",
             verb(verdict),
             chosen.len(),
             runtime::os_user()
         );
-        std::io::stderr().flush()?;
-        let mut answer = String::new();
-        std::io::stdin().lock().read_line(&mut answer)?;
-        if !matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes") {
-            eprintln!("not decided");
+        if !confirmed(&question)? {
             return Ok(ExitCode::from(1));
         }
     }
@@ -302,6 +290,19 @@ async fn decide_many(
     } else {
         ExitCode::from(2)
     })
+}
+
+/// Asks `question` at the terminal; yes only for `y` or `yes` (else says "not decided").
+fn confirmed(question: &str) -> anyhow::Result<bool> {
+    eprint!("{question} [y/N] ");
+    std::io::stderr().flush()?;
+    let mut answer = String::new();
+    std::io::stdin().lock().read_line(&mut answer)?;
+    let yes = matches!(answer.trim().to_ascii_lowercase().as_str(), "y" | "yes");
+    if !yes {
+        eprintln!("not decided");
+    }
+    Ok(yes)
 }
 
 fn verb(verdict: Verdict) -> &'static str {

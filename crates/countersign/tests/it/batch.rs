@@ -32,13 +32,6 @@ async fn make(server: &Server, bot: &str, tool: &str, n: usize) -> String {
         .await
 }
 
-async fn status(server: &Server, token: &str, id: &str) -> Value {
-    server
-        .get(&format!("/api/v1/requests/{id}"), Some(token))
-        .await
-        .1
-}
-
 #[tokio::test]
 async fn a_batch_decides_each_request_at_its_version_and_reports_what_changed() {
     let dir = tempfile::tempdir().unwrap();
@@ -101,17 +94,17 @@ async fn a_batch_decides_each_request_at_its_version_and_reports_what_changed() 
     // Each with its own proof; what changed is as it was.
     let mut nonces = Vec::new();
     for id in [&a, &b] {
-        let view = status(&server, &bot, id).await;
+        let view = server.request_view(&bot, id).await;
         assert_eq!(view["status"], "approved");
         assert_eq!(view["decision"]["comment"], "routine exports");
         nonces.push(common::statement(&view["proof"])["nonce"].clone());
     }
     assert_ne!(nonces[0], nonces[1]);
     assert_eq!(
-        status(&server, &bot, &decided_elsewhere).await["status"],
+        server.request_view(&bot, &decided_elsewhere).await["status"],
         "rejected"
     );
-    let still = status(&server, &bot, &payout).await;
+    let still = server.request_view(&bot, &payout).await;
     assert_eq!(still["status"], "pending");
     assert_eq!(still["quorum"]["approvals"].as_array().unwrap().len(), 1);
 
@@ -165,9 +158,9 @@ async fn a_batch_decides_each_request_at_its_version_and_reports_what_changed() 
     assert!(out.ok(), "{out}");
     for id in [&c, &d] {
         assert!(out.stdout.contains(&format!("{id} rejected")), "{out}");
-        assert_eq!(status(&server, &bot, id).await["status"], "rejected");
+        assert_eq!(server.request_view(&bot, id).await["status"], "rejected");
     }
-    assert_eq!(status(&server, &bot, &other).await["status"], "pending");
+    assert_eq!(server.request_view(&bot, &other).await["status"], "pending");
     // Named ids: one decided, one already closed (reported, exit status 2).
     let out = common::run(&data, &["approve", &other, &c]).await;
     assert_eq!(out.code, 2, "{out}");

@@ -317,10 +317,18 @@ struct Setup {
 /// A data directory with `config`, an agent, an approver token and an admin token; then
 /// `serve`, and the dashboard account `alice` (Alice Approver) with [`PASSWORD`].
 async fn start(config: &str) -> Setup {
+    start_with(config, &[]).await
+}
+
+/// [`start`], with more files (`(name, text)`, a policy file say) in the data directory.
+async fn start_with(config: &str, files: &[(&str, &str)]) -> Setup {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     std::fs::create_dir_all(&data).unwrap();
     std::fs::write(data.join("countersign.toml"), config).unwrap();
+    for (name, text) in files {
+        std::fs::write(data.join(name), text).unwrap();
+    }
     let agent = common::create_token(&data, "agent", "deploy-bot").await;
     let approver_token = common::create_token(&data, "approver", "ops-bot").await;
     let admin = common::create_token(&data, "admin", "root").await;
@@ -994,34 +1002,9 @@ impl SmtpSink {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn slack_shows_a_quorum_k_of_n_and_updates_the_message_as_approvals_come() {
     let fake = FakeSlack::start().await;
-    let policy = "[policy]\nfiles = [\"p.cedar\"]\n";
-    let dir_config = format!("{policy}{}", slack_section(&fake));
-    let s = {
-        // The policy file must be there before serve starts.
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
-        std::fs::create_dir_all(&data).unwrap();
-        std::fs::write(
-            data.join("p.cedar"),
-            "@id(\"two-for-payouts\")\n@approvals(\"2\")\npermit(principal, action == Action::\"payout\", resource);\n",
-        )
-        .unwrap();
-        std::fs::write(data.join("countersign.toml"), &dir_config).unwrap();
-        let agent = common::create_token(&data, "agent", "deploy-bot").await;
-        let approver_token = common::create_token(&data, "approver", "ops-bot").await;
-        let admin = common::create_token(&data, "admin", "root").await;
-        let server = Server::start(&data);
-        let setup = Setup {
-            _dir: dir,
-            data,
-            server,
-            agent,
-            approver_token,
-            admin,
-        };
-        add_approver(&setup, "alice", "Alice Approver").await;
-        setup
-    };
+    let config = format!("[policy]\nfiles = [\"p.cedar\"]\n{}", slack_section(&fake));
+    let policy = "@id(\"two-for-payouts\")\n@approvals(\"2\")\npermit(principal, action == Action::\"payout\", resource);\n";
+    let s = start_with(&config, &[("p.cedar", policy)]).await;
     let id = s
         .server
         .create_request(

@@ -44,18 +44,7 @@ async fn ask(server: &Server, bot: &str, tool: &str, details: Value) -> Value {
             &json!({"action_description": format!("{tool} for a customer"), "action_details": details}),
         )
         .await;
-    let (status, view) = server
-        .get(&format!("/api/v1/requests/{id}"), Some(bot))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{view}");
-    view
-}
-
-fn code(body: &Value) -> &str {
-    body["error"]["code"]
-        .as_str()
-        .or_else(|| body["code"].as_str())
-        .unwrap_or_default()
+    server.request_view(bot, &id).await
 }
 
 #[tokio::test]
@@ -249,7 +238,7 @@ async fn grants_approve_within_their_bounds_time_and_uses_and_never_beyond_their
         )
         .await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-    assert_eq!(code(&body), "self_approval", "{body}");
+    assert_eq!(common::error_code(&body), "self_approval", "{body}");
     let (status, body) = server
         .post(
             &format!(

@@ -52,15 +52,7 @@ async fn request(server: &Server, token: &str, tool: &str, details: Value) -> Va
             &json!({"action_description": format!("{tool} something"), "action_details": details}),
         )
         .await;
-    view(server, token, &id).await
-}
-
-async fn view(server: &Server, token: &str, id: &str) -> Value {
-    let (status, body) = server
-        .get(&format!("/api/v1/requests/{id}"), Some(token))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    body
+    server.request_view(token, &id).await
 }
 
 /// `countersign verify` on a proof, with the data directory's keys: its exit status and
@@ -123,7 +115,9 @@ async fn policies_decide_the_clear_cases_with_signed_traceable_proofs() {
         .decide(big["request_id"].as_str().unwrap(), &approver, "approve")
         .await;
     assert_eq!(status, StatusCode::OK);
-    let big = view(&server, &agent, big["request_id"].as_str().unwrap()).await;
+    let big = server
+        .request_view(&agent, big["request_id"].as_str().unwrap())
+        .await;
     assert_eq!(big["decision"]["authorization_type"], "human");
 
     // Requirements: a short wait, then what the policy says a timeout becomes.
@@ -137,8 +131,12 @@ async fn policies_decide_the_clear_cases_with_signed_traceable_proofs() {
     for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(100)).await;
         settled = (
-            view(&server, &agent, staging["request_id"].as_str().unwrap()).await,
-            view(&server, &agent, payment["request_id"].as_str().unwrap()).await,
+            server
+                .request_view(&agent, staging["request_id"].as_str().unwrap())
+                .await,
+            server
+                .request_view(&agent, payment["request_id"].as_str().unwrap())
+                .await,
         );
         if settled.0["status"] != "pending" && settled.1["status"] != "pending" {
             break;

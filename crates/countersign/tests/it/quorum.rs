@@ -90,21 +90,6 @@ async fn deploy(server: &Server, bot: &str, n: usize) -> String {
         .await
 }
 
-async fn view(server: &Server, token: &str, id: &str) -> Value {
-    let (status, body) = server
-        .get(&format!("/api/v1/requests/{id}"), Some(token))
-        .await;
-    assert_eq!(status, StatusCode::OK, "{body}");
-    body
-}
-
-fn code(body: &Value) -> &str {
-    body["error"]["code"]
-        .as_str()
-        .or_else(|| body["code"].as_str())
-        .unwrap_or_default()
-}
-
 #[tokio::test]
 async fn two_accounts_from_the_group_approve_and_no_account_counts_twice() {
     let dir = tempfile::tempdir().unwrap();
@@ -114,7 +99,7 @@ async fn two_accounts_from_the_group_approve_and_no_account_counts_twice() {
     let server = Server::start(&data);
 
     let id = deploy(&server, &t.bot, 1).await;
-    let pending = view(&server, &t.bob, &id).await;
+    let pending = server.request_view(&t.bob, &id).await;
     assert_eq!(pending["status"], "pending", "{pending}");
     assert_eq!(pending["quorum"]["required"], 2, "{pending}");
     assert_eq!(pending["quorum"]["group"], "sre");
@@ -132,17 +117,17 @@ async fn two_accounts_from_the_group_approve_and_no_account_counts_twice() {
     // Not in sre: not eligible.
     let (status, body) = server.decide(&id, &t.carol, "approved").await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-    assert_eq!(code(&body), "not_eligible", "{body}");
+    assert_eq!(common::error_code(&body), "not_eligible", "{body}");
     // dave owns the agent that asked: through his own token he is the requester.
     let (status, body) = server.decide(&id, &t.dave, "approved").await;
     assert_eq!(status, StatusCode::FORBIDDEN, "{body}");
-    assert_eq!(code(&body), "self_approval", "{body}");
+    assert_eq!(common::error_code(&body), "self_approval", "{body}");
     assert!(
         body.to_string().contains("account user:dave"),
         "the refusal names the account: {body}"
     );
     // The view says so before anyone clicks.
-    let seen = view(&server, &t.dave, &id).await;
+    let seen = server.request_view(&t.dave, &id).await;
     assert_eq!(seen["can_decide"], false, "{seen}");
 
     // alice, through her laptop's token: recorded, still pending.
@@ -165,11 +150,11 @@ async fn two_accounts_from_the_group_approve_and_no_account_counts_twice() {
     // alice again, through another token, and at the terminal: one account counts once.
     let (status, body) = server.decide(&id, &t.alice_ci, "approved").await;
     assert_eq!(status, StatusCode::CONFLICT, "{body}");
-    assert_eq!(code(&body), "already_approved", "{body}");
+    assert_eq!(common::error_code(&body), "already_approved", "{body}");
     let cli = common::run(&data, &["approve", &id]).await;
     assert!(!cli.ok(), "the terminal's alice counted twice: {cli}");
     assert!(cli.stderr.contains("already approved"), "{cli}");
-    let seen = view(&server, &t.alice_ci, &id).await;
+    let seen = server.request_view(&t.alice_ci, &id).await;
     assert_eq!(seen["can_decide"], false, "{seen}");
     assert!(
         seen["cannot_decide_reason"]
@@ -224,7 +209,7 @@ async fn two_accounts_from_the_group_approve_and_no_account_counts_twice() {
     assert!(cli.ok(), "alice at the terminal: {cli}");
     assert!(cli.stdout.contains("1 of 2 approvals"), "{cli}");
     let (status, body) = server.decide(&id, &t.carol, "rejected").await;
-    assert_eq!(code(&body), "not_eligible", "{status} {body}");
+    assert_eq!(common::error_code(&body), "not_eligible", "{status} {body}");
     let (status, rejected) = server.decide(&id, &t.erin, "rejected").await;
     assert_eq!(status, StatusCode::OK, "{rejected}");
     assert_eq!(rejected["status"], "rejected");
@@ -240,7 +225,7 @@ async fn two_accounts_from_the_group_approve_and_no_account_counts_twice() {
             &json!({"action_description": "a large transfer", "action_details": {"tool": "transfer", "large": "yes"}}),
         )
         .await;
-    let refused = view(&server, &t.bob, &id).await;
+    let refused = server.request_view(&t.bob, &id).await;
     assert_eq!(refused["status"], "rejected", "{refused}");
     assert_eq!(refused["decision"]["authorization_type"], "policy");
     assert_eq!(
@@ -304,8 +289,8 @@ async fn the_last_approval_and_a_rejection_at_once_give_one_outcome() {
         assert_eq!(won.len(), 1, "exactly one decision wins: {yes:?} {no:?}");
         let lost = if yes.0 == StatusCode::OK { &no } else { &yes };
         assert_eq!(lost.0, StatusCode::CONFLICT, "{lost:?}");
-        assert_eq!(code(&lost.1), "already_decided", "{lost:?}");
-        let end = view(&server, &t.bob, &id).await;
+        assert_eq!(common::error_code(&lost.1), "already_decided", "{lost:?}");
+        let end = server.request_view(&t.bob, &id).await;
         assert_eq!(end["status"], won[0].1["status"], "{end}");
         if end["status"] == "approved" {
             approved += 1;
@@ -341,7 +326,7 @@ async fn a_request_asks_for_its_own_quorum_where_the_operator_allows_it() {
     assert_eq!(made["quorum"]["group"], "sre");
     let id = made["request_id"].as_str().unwrap();
     let (status, body) = server.decide(id, &t.carol, "approved").await;
-    assert_eq!(code(&body), "not_eligible", "{status} {body}");
+    assert_eq!(common::error_code(&body), "not_eligible", "{status} {body}");
     for token in [&t.alice_laptop, &t.bob] {
         let (status, body) = server.decide(id, token, "approved").await;
         assert_eq!(status, StatusCode::OK, "{body}");

@@ -259,6 +259,15 @@ impl Server {
         send(req).await
     }
 
+    /// `GET /api/v1/requests/{id}` as `token`, which must succeed: the request's view.
+    pub async fn request_view(&self, token: &str, id: &str) -> serde_json::Value {
+        let (status, body) = self
+            .get(&format!("/api/v1/requests/{id}"), Some(token))
+            .await;
+        assert_eq!(status, StatusCode::OK, "GET request {id}: {body}");
+        body
+    }
+
     /// Creates a request as `agent_token` and returns its id.
     pub async fn create_request(&self, agent_token: &str, body: &Value) -> String {
         let (status, json) = self.post("/api/v1/requests", Some(agent_token), body).await;
@@ -286,6 +295,14 @@ impl Drop for Server {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The stable code of an error answer (`{"error": {"code"}}`).
+pub fn error_code(body: &serde_json::Value) -> &str {
+    body["error"]["code"]
+        .as_str()
+        .or_else(|| body["code"].as_str())
+        .unwrap_or_default()
 }
 
 pub async fn send(req: reqwest::RequestBuilder) -> (StatusCode, Value) {
