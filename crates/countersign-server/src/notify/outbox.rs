@@ -46,7 +46,20 @@ fn backoff(attempts: u32) -> u64 {
 /// Sends planned deliveries over the configured transports.
 pub struct Notifier {
     out: Outbound,
+    /// The last event this process planned (its stored cursor may lag behind it).
+    planned_through: std::sync::atomic::AtomicU64,
+    /// When this process last wrote its cursor.
+    cursor_written: std::sync::Mutex<Option<tokio::time::Instant>>,
 }
+
+/// How long after a new event the outbox waits before planning, so that a burst of
+/// requests is planned (and its reads made) once; a notification is that much later.
+const SETTLE: Duration = Duration::from_millis(50);
+/// How often the cursor is written when no delivery was planned: planning again from an
+/// older cursor (after a restart, or on another instance) plans nothing twice (delivery
+/// ids are deterministic), so it need not be written for every event, which would cost a
+/// commit per request.
+const CURSOR_EVERY: Duration = Duration::from_secs(5);
 
 impl Notifier {
     pub fn new(gate: Arc<Gate>, config: NotifyConfig) -> Result<Self, GateError> {
@@ -59,6 +72,8 @@ impl Notifier {
             .map_err(|e| GateError::internal("HTTP client", e))?;
         Ok(Self {
             out: Outbound { gate, config, http },
+            planned_through: std::sync::atomic::AtomicU64::new(0),
+            cursor_written: std::sync::Mutex::new(None),
         })
     }
 
@@ -98,24 +113,60 @@ impl Notifier {
                     Err(e) => return Err(e.into()),
                 }
             };
-            let events = self.store().events_after(cursor.body.seq, 200).await?;
+            use std::sync::atomic::Ordering;
+            let from = cursor
+                .body
+                .seq
+                .max(self.planned_through.load(Ordering::Acquire));
+            let events = self.store().events_after(from, 200).await?;
             let Some(last) = events.last().map(|e| e.seq) else {
+                // Caught up: write a cursor that lags behind what was planned, now and then.
+                if cursor.body.seq < from && self.cursor_due() {
+                    self.write_cursor(&cursors, &cursor, from).await?;
+                }
                 return Ok(planned);
             };
+            let before = planned;
             for event in &events {
                 for delivery in plan(&self.out.config, &self.out.gate, event, self.now()).await? {
                     planned += self.insert(&delivery).await? as usize;
                 }
             }
-            match cursors
-                .update(&cursor, &Cursor { seq: last }, self.now(), None)
-                .await
-            {
-                // Another process moved the cursor; its plans are the same as ours.
-                Ok(_) | Err(StoreError::Conflict(_)) => {}
-                Err(e) => return Err(e.into()),
+            self.planned_through.fetch_max(last, Ordering::AcqRel);
+            if planned > before || self.cursor_due() {
+                self.write_cursor(&cursors, &cursor, last).await?;
             }
         }
+    }
+
+    /// Whether the cursor was last written [`CURSOR_EVERY`] ago (or never).
+    fn cursor_due(&self) -> bool {
+        let written = self
+            .cursor_written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        written.is_none_or(|at| at.elapsed() >= CURSOR_EVERY)
+    }
+
+    async fn write_cursor(
+        &self,
+        cursors: &Docs<'_, CursorDocs>,
+        read: &Stored<Cursor>,
+        seq: u64,
+    ) -> Result<(), GateError> {
+        match cursors
+            .update(read, &Cursor { seq }, self.now(), None)
+            .await
+        {
+            // Another process moved the cursor; its plans are the same as ours.
+            Ok(_) | Err(StoreError::Conflict(_)) => {}
+            Err(e) => return Err(e.into()),
+        }
+        *self
+            .cursor_written
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(tokio::time::Instant::now());
+        Ok(())
     }
 
     /// Inserts a planned delivery unless it exists (planned before, maybe elsewhere).
@@ -366,7 +417,11 @@ impl Notifier {
             }
             tokio::select! {
                 _ = shutdown.cancelled() => return,
-                _ = events.recv() => {}
+                _ = events.recv() => {
+                    // Let a burst of requests land, then plan them together.
+                    tokio::time::sleep(SETTLE).await;
+                    while events.try_recv().is_ok() {}
+                }
                 _ = tokio::time::sleep(Duration::from_secs(1)) => {}
             }
         }
