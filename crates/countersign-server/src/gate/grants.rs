@@ -1,10 +1,10 @@
 //! Standing grants (core's `grant.rs`): given by a person, alone or with an approval;
 //! listed and revoked by approvers; used when a request is made that one covers.
 //!
-//! A use is written before the request it approves (the grant's document, with a
-//! `grant_used` entry, by compare-and-swap, so two requests cannot take its last use),
-//! and then the request with its decision. A crash in between loses a use, never grants
-//! one more than allowed.
+//! The request is stored first (pending); then a use is written (the grant's document,
+//! with a `grant_used` entry, by compare-and-swap, so two requests cannot take its last
+//! use); then the request's decision. A crash before the use leaves a request for a
+//! person; a crash after it loses that use, never grants one more than allowed.
 
 use std::collections::BTreeMap;
 
@@ -192,8 +192,8 @@ impl Gate {
         Ok(revoked)
     }
 
-    /// The decision a live grant gives the new `request` (its use already stored), or
-    /// `None` when no grant covers it.
+    /// The decision a live grant gives the stored, pending `request` (the grant's use
+    /// already stored), or `None` when no grant covers it.
     pub(crate) async fn approve_by_grant(
         &self,
         request: &ApprovalRequest,

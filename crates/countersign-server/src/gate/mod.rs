@@ -264,19 +264,23 @@ impl Gate {
         self.check_pending_limit(who, &transition.request).await?;
         let ruling = self.apply_policies(who, &mut transition).await?;
         let created = transition.seal(new_salt()?);
-        let decided = match ruling {
-            Some(ruling) => Some(self.rule(&transition.request, ruling)?),
-            // No policy decided: a standing grant may (its use is stored first).
-            None => self.approve_by_grant(&transition.request).await?,
-        };
-        let stored = match decided {
-            // A rule's or a grant's decision is stored with the creation, in one write.
-            Some(decided) => {
+        let no_rule = ruling.is_none();
+        let stored = match ruling {
+            // A rule's decision is stored with the creation, in one write.
+            Some(ruling) => {
+                let decided = self.rule(&transition.request, ruling)?;
                 self.store
                     .create_decided(&created, &decided.seal(new_salt()?))
                     .await?
             }
             None => self.store.create_request(&created).await?,
+        };
+        // No policy decided: a standing grant may, once the request is stored (so a
+        // retried idempotency key finds the earlier request and spends no use, and a
+        // crash in between leaves a request for a person, never a use without one).
+        let stored = match stored {
+            Created::New(request) if no_rule => Created::New(self.granted(request).await?),
+            other => other,
         };
         match stored {
             Created::New(request) => {
@@ -303,6 +307,19 @@ impl Gate {
                     existing: true,
                 })
             }
+        }
+    }
+
+    /// `request` (new, pending) approved by a live grant that covers it, or as it is.
+    async fn granted(&self, request: ApprovalRequest) -> Result<ApprovalRequest, GateError> {
+        let Some(decided) = self.approve_by_grant(&request).await? else {
+            return Ok(request);
+        };
+        match self.store.apply(&decided.seal(new_salt()?)).await {
+            Ok(()) => Ok(decided.request),
+            // Someone decided it in the moment between (the use is spent): theirs stands.
+            Err(StoreError::VersionConflict { current }) => Ok(*current),
+            Err(err) => Err(err.into()),
         }
     }
 

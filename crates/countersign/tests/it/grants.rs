@@ -206,6 +206,35 @@ async fn grants_approve_within_their_bounds_time_and_uses_and_never_beyond_their
         "an expired grant approved: {late}"
     );
 
+    // A retried request (same idempotency key) is the earlier one: no second use.
+    let (status, retried) = server
+        .post(
+            "/api/v1/grants",
+            Some(&alice),
+            &json!({"agent": "token:bot", "tool": "resend", "max_uses": 3}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{retried}");
+    let retried_id = retried["id"].as_str().unwrap().to_string();
+    let body = json!({"action_description": "resend invoice 7", "action_details": {"tool": "resend"}, "idempotency_key": "resend-7"});
+    let once = server.create_request(&bot, &body).await;
+    let (status, again) = server.post("/api/v1/requests", Some(&bot), &body).await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "the retry returns the earlier request: {again}"
+    );
+    assert_eq!(again["request_id"], once.as_str());
+    assert_eq!(again["status"], "approved", "{again}");
+    let (_, list) = server.get("/api/v1/grants", Some(&alice)).await;
+    let uses = list["grants"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["id"] == retried_id.as_str())
+        .map(|g| g["uses"].clone());
+    assert_eq!(uses, Some(json!(1)), "a retry spent a use: {list}");
+
     // Never wider than its maker: no quorum bypassed (and nothing decided), nothing
     // granted to one's own agent, nothing for an agent's request with no tool.
     let deploy = ask(&server, &bot, "deploy", json!({"env": "production"})).await;
@@ -333,7 +362,7 @@ async fn grants_approve_within_their_bounds_time_and_uses_and_never_beyond_their
         }
     }
     let count = |k: &str| kinds.iter().filter(|x| x.as_str() == k).count();
-    assert_eq!(count("grant_created"), 4, "{kinds:?}");
-    assert_eq!(count("grant_used"), 4, "{kinds:?}");
+    assert_eq!(count("grant_created"), 5, "{kinds:?}");
+    assert_eq!(count("grant_used"), 5, "{kinds:?}");
     assert_eq!(count("grant_revoked"), 2, "{kinds:?}");
 }
