@@ -129,17 +129,11 @@ pub fn scaled(text: &str) -> Option<i128> {
 }
 
 impl NewGrant {
-    /// The grant `by` makes (its `account` set: the server mapped it), signed, and its
-    /// `grant_created` event. Refused when a bound does not read, the time or the uses
-    /// are out of range, or `agent_account` is `by`'s own account.
-    pub fn make(
-        self,
-        id: String,
-        by: Approver,
-        agent_account: &str,
-        now: Timestamp,
-        signer: &Signer,
-    ) -> Result<(Grant, Event), CoreError> {
+    /// Whether `by` (its `account` set) may grant this to an agent of `agent_account`:
+    /// refused when a bound does not read, the time or the uses are out of range, or the
+    /// agent is `by`'s own. What [`NewGrant::make`] checks first, for a caller that must
+    /// know before it decides anything.
+    pub fn check(&self, by: &Approver, agent_account: &str) -> Result<(), CoreError> {
         let invalid = |field: &str, message: String| CoreError::invalid(field, message);
         if self.tool.trim().is_empty() {
             return Err(invalid(
@@ -201,6 +195,21 @@ impl NewGrant {
                 ));
             }
         }
+        Ok(())
+    }
+
+    /// The grant `by` makes (its `account` set: the server mapped it), signed, and its
+    /// `grant_created` event. Refused when a bound does not read, the time or the uses
+    /// are out of range, or `agent_account` is `by`'s own account.
+    pub fn make(
+        self,
+        id: String,
+        by: Approver,
+        agent_account: &str,
+        now: Timestamp,
+        signer: &Signer,
+    ) -> Result<(Grant, Event), CoreError> {
+        self.check(&by, agent_account)?;
         let statement = GrantStatement {
             statement_type: GRANT_STATEMENT_TYPE.into(),
             id,

@@ -15,7 +15,7 @@ mod reviews;
 mod why;
 
 pub use decisions::{
-    BatchBody, GrantBody, GrantRefView, GrantView, NewGrantBody, NotDecided, QuorumView,
+    BatchBody, BatchView, GrantBody, GrantRefView, GrantView, NewGrantBody, NotDecided, QuorumView,
     RecordedApprovalView, SelectedRequest,
 };
 pub use evidence::{

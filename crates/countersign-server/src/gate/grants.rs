@@ -116,6 +116,19 @@ impl Gate {
         new: NewGrant,
         channel: Channel,
     ) -> Result<(Grant, countersign_core::Event), GateError> {
+        let (maker, agent_account) = self.grant_parties(decider, &new, channel)?;
+        let signer = self.keys.signer();
+        Ok(new.make(short_id("grt")?, maker, &agent_account, self.now(), &signer)?)
+    }
+
+    /// The grant's maker (as an approver through `channel`, with its account) and the
+    /// account of its agent; refused for an agent that is not a principal id.
+    fn grant_parties(
+        &self,
+        decider: &Decider,
+        new: &NewGrant,
+        channel: Channel,
+    ) -> Result<(countersign_core::Approver, String), GateError> {
         let well_formed = new.agent.split_once(':').is_some_and(|(kind, name)| {
             !kind.is_empty() && !name.is_empty() && new.agent.len() <= 200
         }) && !new.agent.chars().any(char::is_whitespace);
@@ -131,16 +144,15 @@ impl Gate {
             account: Some(identities.account_of(&by.id).to_string()),
             ..by.as_approver(channel)
         };
-        let agent_account = identities.account_of(&new.agent).to_string();
-        let signer = self.keys.signer();
-        Ok(new.make(short_id("grt")?, maker, &agent_account, self.now(), &signer)?)
+        Ok((maker, identities.account_of(&new.agent).to_string()))
     }
 
-    /// Checks that `new` could be granted by `decider`, without storing it (so that an
-    /// approval carrying a grant that would be refused is refused before it decides).
+    /// Checks that `decider` could grant `new`, without signing or storing anything (so
+    /// that an approval carrying a grant that would be refused is refused before it
+    /// decides).
     pub fn check_grant(&self, decider: &Decider, new: &NewGrant) -> Result<(), GateError> {
-        self.make_grant(decider, new.clone(), Channel::Api)
-            .map(|_| ())
+        let (maker, agent_account) = self.grant_parties(decider, new, Channel::Api)?;
+        Ok(new.check(&maker, &agent_account)?)
     }
 
     /// Every grant, newest first (at most `limit`).

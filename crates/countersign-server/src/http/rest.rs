@@ -20,7 +20,7 @@ use super::error::{ApiError, ApiJson, ApiPath, ApiQuery};
 use crate::error::GateError;
 use crate::gate::{DEFAULT_WAIT_SECONDS, EntryShown, NewToken, wait_time};
 use crate::views::{
-    ApprovalView, BatchBody, DecisionBody, GrantView, NewGrantBody, NotDecided, RedeemOutput,
+    ApprovalView, BatchBody, BatchView, DecisionBody, GrantView, NewGrantBody, RedeemOutput,
     RedeemProofInput, RequestApprovalInput, RequestApprovalOutput, RequestView, ReviewOutput,
     VerifyOutput, VerifyProofInput,
 };
@@ -251,7 +251,7 @@ pub(super) async fn decide_batch(
         channel,
     }: Approver,
     ApiJson(body): ApiJson<BatchBody>,
-) -> Result<Json<serde_json::Value>, ApiError> {
+) -> Result<Json<BatchView>, ApiError> {
     let verdict: Verdict = body.decision.parse()?;
     let selected: Vec<(String, u64)> = body
         .requests
@@ -265,19 +265,7 @@ pub(super) async fn decide_batch(
     let batch = gate
         .decide_batch(&decider, &selected, verdict, input, channel)
         .await?;
-    let decided: Vec<ApprovalView> = batch.decided.iter().map(ApprovalView::new).collect();
-    let not_decided: Vec<NotDecided> = batch
-        .not_decided
-        .iter()
-        .map(|(id, err)| NotDecided {
-            request_id: id.clone(),
-            code: err.code(),
-            message: err.public_message(),
-        })
-        .collect();
-    Ok(Json(
-        serde_json::json!({"decided": decided, "not_decided": not_decided}),
-    ))
+    Ok(Json(BatchView::of(&batch)))
 }
 
 input!(GrantListParams { limit: Option<usize> });

@@ -126,17 +126,7 @@ pub fn compose(
         ));
     }
     let quorum = crate::views::QuorumView::of(request).map(|q| {
-        let who: Vec<String> = q
-            .approvals
-            .iter()
-            .map(|a| {
-                format!(
-                    "{} via {}",
-                    a.approver.display_name,
-                    a.approver.channel.as_str()
-                )
-            })
-            .collect();
+        let who = q.approved_by();
         if who.is_empty() {
             q.summary()
         } else {

@@ -79,7 +79,7 @@ pub async fn plan(
     if let Some(request) = &request {
         match kind {
             // A request a policy decided at once asks nobody (webhooks still hear of it).
-            "request.created" if decided_by_rule(request) => {}
+            "request.created" if decided_as_made(request) => {}
             "request.created" => {
                 out.extend(created_deliveries(config, gate, request, event, now).await?)
             }
@@ -99,7 +99,7 @@ pub async fn plan(
 }
 
 /// Whether a policy or a standing grant decided `request` as it was made.
-fn decided_by_rule(request: &ApprovalRequest) -> bool {
+fn decided_as_made(request: &ApprovalRequest) -> bool {
     use countersign_core::AuthorizationType::{Grant, Policy};
     request
         .decision

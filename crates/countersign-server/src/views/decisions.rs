@@ -70,6 +70,21 @@ impl QuorumView {
         })
     }
 
+    /// Who has approved so far, each as "<display name> via <channel>" (text as given:
+    /// a channel that needs escaping escapes it).
+    pub fn approved_by(&self) -> Vec<String> {
+        self.approvals
+            .iter()
+            .map(|a| {
+                format!(
+                    "{} via {}",
+                    a.approver.display_name,
+                    a.approver.channel.as_str()
+                )
+            })
+            .collect()
+    }
+
     /// "1 of 2 approvals; 1 more needed, from sre".
     pub fn summary(&self) -> String {
         let so_far = self.approvals.len();
@@ -117,6 +132,31 @@ pub struct NotDecided {
     /// A stable code (`changed`, `already_decided`, `expired`, `self_approval`, ...).
     pub code: &'static str,
     pub message: String,
+}
+
+/// What a batch decision did, as the API and the CLI answer it.
+#[derive(Debug, Clone, Serialize)]
+pub struct BatchView {
+    /// The requests decided, each with its own proof.
+    pub decided: Vec<super::ApprovalView>,
+    pub not_decided: Vec<NotDecided>,
+}
+
+impl BatchView {
+    pub fn of(batch: &crate::gate::Batch) -> Self {
+        Self {
+            decided: batch.decided.iter().map(super::ApprovalView::new).collect(),
+            not_decided: batch
+                .not_decided
+                .iter()
+                .map(|(id, err)| NotDecided {
+                    request_id: id.clone(),
+                    code: err.code(),
+                    message: err.public_message(),
+                })
+                .collect(),
+        }
+    }
 }
 
 /// A standing grant asked for with an approval: the request's agent and tool.

@@ -98,17 +98,16 @@ pub async fn decide(
     let gate = runtime::open(config).await?;
     let decider = Decider::new(runtime::local_admin())?;
     let id = match (args.ids.as_slice(), &args.agent, &args.tool) {
-        ([one], None, None) => one.clone(),
+        ([one], None, None) => one.as_str(),
         _ => return decide_many(config, args, verdict, &gate, &decider).await,
     };
-    let args = &DecideOne { id, args };
-    let request = gate.get(decider.principal(), &args.id).await?;
+    let request = gate.get(decider.principal(), id).await?;
     if request.status != Status::Pending {
         // Let the gate produce the precise reason (who decided, or when it expired).
         let err = gate
             .decide(
                 &decider,
-                &args.id,
+                id,
                 verdict,
                 DecisionInput::default(),
                 Channel::Cli,
@@ -144,7 +143,7 @@ pub async fn decide(
     let decided = gate
         .decide(
             &decider,
-            &args.id,
+            id,
             verdict,
             DecisionInput {
                 comment: args.comment.clone(),
@@ -181,19 +180,6 @@ pub async fn decide(
         );
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// One request's id, with the rest of the command's arguments.
-struct DecideOne<'a> {
-    id: String,
-    args: &'a DecideArgs,
-}
-
-impl std::ops::Deref for DecideOne<'_> {
-    type Target = DecideArgs;
-    fn deref(&self) -> &DecideArgs {
-        self.args
-    }
 }
 
 /// Several requests, named or selected by `--agent` / `--tool`, shown and confirmed once,
@@ -265,17 +251,9 @@ async fn decide_many(
         .decide_batch(decider, &selected, verdict, input, Channel::Cli)
         .await?;
     if args.json {
-        let decided: Vec<ApprovalView> = batch.decided.iter().map(ApprovalView::new).collect();
-        let not: Vec<serde_json::Value> = batch
-            .not_decided
-            .iter()
-            .map(|(id, e)| serde_json::json!({"request_id": id, "code": e.code(), "message": e.public_message()}))
-            .collect();
         println!(
             "{}",
-            serde_json::to_string_pretty(
-                &serde_json::json!({"decided": decided, "not_decided": not})
-            )?
+            serde_json::to_string_pretty(&countersign_server::views::BatchView::of(&batch))?
         );
     } else {
         for r in &batch.decided {

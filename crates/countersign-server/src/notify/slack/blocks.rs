@@ -85,19 +85,9 @@ pub fn request_message(request: &ApprovalRequest, public_url: &str, reminder: bo
     blocks.extend(action_blocks(request));
     if let Some(quorum) = crate::views::QuorumView::of(request) {
         let mut line = format!("*{}*", esc(&quorum.summary()));
-        if !quorum.approvals.is_empty() {
-            let who: Vec<String> = quorum
-                .approvals
-                .iter()
-                .map(|a| {
-                    format!(
-                        "{} via {}",
-                        esc(&a.approver.display_name),
-                        a.approver.channel.as_str()
-                    )
-                })
-                .collect();
-            line.push_str(&format!(" · approved by {}", who.join(", ")));
+        let who = quorum.approved_by();
+        if !who.is_empty() {
+            line.push_str(&format!(" · approved by {}", esc(&who.join(", "))));
         }
         blocks.push(json!({"type": "context", "elements": [mrkdwn(&cut(&line, 3000))]}));
     }
