@@ -602,6 +602,16 @@ permit(principal, action == Action::"py_deploy", resource);
 @id("py-two-for-transfers")
 @approvals("2")
 permit(principal, action == Action::"py_transfer", resource);
+
+@id("gw-auto-notes")
+@reason("notes named auto-* need no person, through the gateway only")
+permit(principal, action == Action::"write_note", resource == Server::"upstream_server")
+when { context.gateway && context.input has "/name" && context.input["/name"] like "*auto-*" };
+
+@id("gw-no-secrets")
+@reason("the secrets note is never written by an agent")
+forbid(principal, action == Action::"write_note", resource)
+when { context.input has "/name" && context.input["/name"] == "\\"secrets\\"" };
 """
 
 

@@ -16,6 +16,9 @@ create`), starts `countersign serve --listen 127.0.0.1:0`, and runs:
 - policies: a rule's approval and refusal and a fallback's approval, made with the
   official client, their proofs checked by verify_proof and the policy set's digest
   recomputed;
+- the MCP gateway (gateway.py): `countersign proxy` in front of an upstream made with the
+  official SDK (upstream_server.py), launched by the official client: passes, holds,
+  approvals, rejections, timeouts, many calls at once, kill -9 while held and forwarding;
 - verify_log: an independent verifier of the transparency log and evidence bundles,
   written from docs/log-format.md (Merkle self-check against RFC 9162 vectors; every entry,
   inclusion and consistency proof and checkpoint of the live log; bundles, full mode and a
@@ -37,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import gateway  # noqa: E402
 import mcp_clients  # noqa: E402
 import verify_log  # noqa: E402
 import verify_proof  # noqa: E402
@@ -109,6 +113,7 @@ def main() -> int:
                 ("full-mode bundle, review and key rotation (independent verifier)", lambda: verify_log.test_full_mode_bundle(binary, scratch, results)),
                 ("room and account events (independent verifier)", lambda: verify_log.test_rooms_and_accounts(ctx, results)),
                 ("policy and fallback proofs (independent verifier)", lambda: mcp_clients.test_policy_proofs(ctx, results)),
+                ("MCP gateway in front of an upstream made with the official SDK", lambda: gateway.test_gateway(ctx, results)),
             ]
         )
         results.run("the whole log after every test (independent verifier)", lambda: verify_log.test_whole_log_at_the_end(ctx, results))

@@ -21,6 +21,10 @@ pub enum OutcomeStatus {
     Succeeded,
     Failed,
     Partial,
+    /// Whether it ran cannot be known: the gateway that forwarded it stopped before the
+    /// upstream answered (or the upstream's connection was lost mid-call). Never sent
+    /// again.
+    Unknown,
 }
 
 impl std::str::FromStr for OutcomeStatus {
@@ -30,9 +34,10 @@ impl std::str::FromStr for OutcomeStatus {
             "succeeded" => Ok(Self::Succeeded),
             "failed" => Ok(Self::Failed),
             "partial" => Ok(Self::Partial),
+            "unknown" => Ok(Self::Unknown),
             other => Err(CoreError::invalid(
                 "status",
-                format!("{other:?} is not succeeded, failed or partial"),
+                format!("{other:?} is not succeeded, failed, partial or unknown"),
             )),
         }
     }

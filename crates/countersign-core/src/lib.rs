@@ -8,6 +8,7 @@
 pub mod accounts;
 pub mod action;
 pub mod anchor;
+pub mod arguments;
 pub mod audit;
 pub mod bundle;
 pub mod checkpoint;

@@ -9,6 +9,7 @@ pub mod admission;
 pub mod audit;
 pub mod error;
 pub mod gate;
+pub mod held;
 pub mod hosts;
 pub mod http;
 mod ids;

@@ -198,7 +198,7 @@ pub struct PolicyView {
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
 pub struct OutcomeView {
-    /// succeeded, failed or partial.
+    /// succeeded, failed, partial or unknown.
     pub status: String,
     pub summary: Option<String>,
     pub details: BTreeMap<String, String>,

@@ -42,6 +42,12 @@ enum Command {
     Serve(cmd::serve::ServeArgs),
     /// Run the MCP tools over stdio (for clients that launch countersign themselves).
     Mcp(cmd::mcp::McpArgs),
+    /// The MCP gateway: serve an upstream MCP server's tools over stdio, holding each
+    /// call the policies do not let pass until it is approved (docs/gateway.md).
+    Proxy(cmd::proxy::ProxyArgs),
+    /// A coding agent's pre-tool hook (Claude Code, Cursor): ask, wait, answer allow or
+    /// deny (docs/gateway.md).
+    Hook(cmd::hook::HookArgs),
     /// Create, list and revoke bearer tokens.
     #[command(subcommand)]
     Token(cmd::token::TokenCommand),

@@ -7,6 +7,7 @@
 mod batch;
 mod builder;
 mod evidence;
+mod gateway;
 mod grants;
 mod keys;
 mod policy;
@@ -38,6 +39,7 @@ use crate::rooms::Rooms;
 pub use batch::{Batch, MAX_BATCH_DECISIONS};
 pub use builder::{GateBuilder, Keys};
 pub use evidence::{EvidenceTurn, Redeemed, ReviewerSettings};
+pub use gateway::{Gated, GatewayCall, Via};
 pub use grants::{DEFAULT_GRANT_SECONDS, GrantTerms};
 pub use keys::Trusted;
 pub use policy::{
@@ -226,6 +228,25 @@ impl Gate {
         new: NewRequest,
         quorum: Option<(u32, Option<String>)>,
     ) -> Result<Requested, GateError> {
+        match self.create(who, new, quorum, None).await? {
+            Some(requested) => Ok(requested),
+            // Only a gateway call passes without a request.
+            None => Err(GateError::Internal(
+                "a request passed without being stored".into(),
+            )),
+        }
+    }
+
+    /// Creates the request (or finds the earlier one by its idempotency key); `None`
+    /// when `via` (a call the gateway holds) may pass with no request at all: a
+    /// read-only tool of a trusted upstream that no policy speaks of.
+    pub(crate) async fn create(
+        &self,
+        who: &Principal,
+        new: NewRequest,
+        quorum: Option<(u32, Option<String>)>,
+        via: Option<&Via>,
+    ) -> Result<Option<Requested>, GateError> {
         let now = self.now();
         let mut transition =
             ApprovalRequest::create(new_id("req", now)?, new, who, now, self.limits())?;
@@ -255,6 +276,12 @@ impl Gate {
             self.rooms.check_may_post(who, room).await?;
         }
         self.check_recipients(&transition.request).await?;
+        if let Some(via) = via
+            && via.read_only
+            && self.no_policy_speaks(who, &transition.request, via).await?
+        {
+            return Ok(None);
+        }
         // Held until the request is written, so parallel requests from one requester
         // cannot all pass the limit at once.
         let _serialized = match self.settings.pending_per_agent {
@@ -262,7 +289,9 @@ impl Gate {
             None => None,
         };
         self.check_pending_limit(who, &transition.request).await?;
-        let ruling = self.apply_policies(who, &mut transition).await?;
+        let ruling = self
+            .apply_policies(who, &mut transition, via.map(|v| v.upstream.as_str()))
+            .await?;
         let created = transition.seal(new_salt()?);
         let no_rule = ruling.is_none();
         let stored = match ruling {
@@ -289,10 +318,10 @@ impl Gate {
                     // Shown in its room too, so the people there see what waits.
                     self.rooms.post_approval(who, room, &request).await?;
                 }
-                Ok(Requested {
+                Ok(Some(Requested {
                     request,
                     existing: false,
-                })
+                }))
             }
             Created::Existing(request) => {
                 if request.action_digest != transition.request.action_digest {
@@ -302,10 +331,10 @@ impl Gate {
                     }
                     .into());
                 }
-                Ok(Requested {
+                Ok(Some(Requested {
                     request,
                     existing: true,
-                })
+                }))
             }
         }
     }

@@ -20,7 +20,7 @@ use crate::error::GateError;
 use crate::ids::{new_nonce, new_salt};
 
 /// The detail whose value names the tool a `request_approval` is about.
-pub const TOOL_DETAIL: &str = "tool";
+pub const TOOL_DETAIL: &str = countersign_core::arguments::TOOL_DETAIL;
 /// The most requests counted for `context.agent` (a count beyond it reads as this).
 const MAX_COUNTED: usize = 10_000;
 
@@ -208,19 +208,19 @@ impl Gate {
         }
     }
 
-    /// Evaluates the new request in `transition`: a forbid or a permit returns the
-    /// ruling to apply once it is stored; requirements shorten its wait and say what a
-    /// timeout becomes (the created event is rebuilt to record them).
-    pub(crate) async fn apply_policies(
+    /// The policies in force evaluated for `request` from `who`; `via` names the
+    /// upstream when the gateway holds the call (the tool is then certain). `None` when
+    /// no policy is loaded.
+    pub(crate) async fn evaluate_policies(
         &self,
         who: &Principal,
-        transition: &mut Transition,
-    ) -> Result<Option<Ruling>, GateError> {
+        request: &ApprovalRequest,
+        via: Option<&str>,
+    ) -> Result<Option<(Arc<PolicySet>, countersign_policy::Evaluation)>, GateError> {
         let set = self.policies();
         if set.is_empty() {
             return Ok(None);
         }
-        let request = &transition.request;
         let (pending, recent) = if set.reads_agent_counts() {
             self.agent_counts(who).await?
         } else {
@@ -237,8 +237,8 @@ impl Gate {
             agent,
             groups: &groups,
             tool: request.action.details.get(TOOL_DETAIL).map(String::as_str),
-            resource: RESOURCE,
-            gateway: false,
+            resource: via.unwrap_or(RESOURCE),
+            gateway: via.is_some(),
             description: &request.action.description,
             details: &request.action.details,
             room: request.room.as_deref(),
@@ -247,6 +247,25 @@ impl Gate {
             pending,
             recent,
         });
+        Ok(Some((set, evaluation)))
+    }
+
+    /// Evaluates the new request in `transition`: a forbid or a permit returns the
+    /// ruling to apply once it is stored; requirements shorten its wait and say what a
+    /// timeout becomes (the created event is rebuilt to record them).
+    pub(crate) async fn apply_policies(
+        &self,
+        who: &Principal,
+        transition: &mut Transition,
+        via: Option<&str>,
+    ) -> Result<Option<Ruling>, GateError> {
+        let Some((set, evaluation)) = self
+            .evaluate_policies(who, &transition.request, via)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let request = &transition.request;
         for error in &evaluation.errors {
             tracing::warn!(request = %request.id, %error, "a policy could not be evaluated; a person decides");
         }

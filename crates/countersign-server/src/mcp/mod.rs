@@ -12,6 +12,7 @@
 
 mod agent;
 mod evidence;
+pub mod gateway;
 mod operator;
 mod proofs;
 mod rooms;

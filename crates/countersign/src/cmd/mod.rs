@@ -5,11 +5,13 @@ pub mod decide;
 pub mod demo;
 pub mod doctor;
 pub mod grant;
+pub mod hook;
 pub mod keys;
 pub mod log;
 pub mod mcp;
 pub mod migrate;
 pub mod policy;
+pub mod proxy;
 pub mod send_test_email;
 pub mod serve;
 pub mod token;
@@ -31,6 +33,14 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
         Command::Mcp(args) => {
             init_logging("warn");
             mcp::run(&config, &args).await
+        }
+        Command::Hook(args) => {
+            init_logging("warn");
+            hook::run(&config, &args).await
+        }
+        Command::Proxy(args) => {
+            init_logging("warn");
+            proxy::run(&config, &args).await
         }
         Command::Token(command) => token::run(&config, command).await,
         Command::Grant(command) => grant::run(&config, command).await,

@@ -17,6 +17,7 @@ mod cli;
 mod evidence;
 mod external_clients;
 mod grants;
+mod hooks;
 mod instances;
 mod policies;
 mod quorum;

@@ -1,0 +1,271 @@
+//! Calls the gate stands in the path of (the MCP gateway, the coding-agent hooks, the
+//! guarded exec): each becomes a request whose details bind the call exactly, is decided
+//! by the policies, a grant or a person, and may be forwarded once after its approval.
+//! A read-only tool of a trusted upstream that no policy speaks of passes with no request.
+//!
+//! A retry of the same call (same caller, same session, same tool and arguments) joins
+//! the request the first one made: its idempotency key is derived from them, with an
+//! attempt number that moves on once that request is finished (its outcome recorded, or
+//! closed longer ago than the hold), so the same call made again later is a new request.
+
+use std::time::Duration;
+
+use countersign_core::arguments::call_details;
+use countersign_core::evidence::OutcomeStatus;
+use countersign_core::{ApprovalRequest, NewRequest, Principal, Status};
+use sha2::{Digest, Sha256};
+
+use super::Gate;
+use crate::error::GateError;
+
+/// How many finished requests one call's key may step over before it is refused (a
+/// session that repeats one call this often should start a new session).
+const MAX_ATTEMPTS: u32 = 1000;
+/// How much longer than the call's hold its request lives: the holder withdraws it when
+/// the hold ends (cancelled), and the store's expiry is only the backstop for a holder
+/// that died.
+const HOLD_GRACE_SECONDS: u64 = 30;
+
+/// Where a call the gate holds goes: the upstream, and whether the call may pass unasked
+/// (a trusted upstream says the tool only reads).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Via {
+    pub upstream: String,
+    pub read_only: bool,
+}
+
+/// A call held on its way to an upstream.
+#[derive(Debug, Clone)]
+pub struct GatewayCall {
+    pub upstream: String,
+    pub tool: String,
+    pub arguments: serde_json::Map<String, serde_json::Value>,
+    /// The upstream is trusted and the tool says it only reads (`readOnlyHint`).
+    pub read_only: bool,
+    /// The caller's session (an MCP session, a hook's session id): retries within it join.
+    pub session: String,
+    /// How long the call may wait for a decision; the request times out then.
+    pub hold: Duration,
+    /// A description for the approver; default "<tool> on <upstream>".
+    pub description: Option<String>,
+}
+
+/// What the gate says of a call.
+#[derive(Debug, Clone)]
+pub enum Gated {
+    /// Forward it; nothing was stored.
+    Pass,
+    /// The request that holds it (new, or the one an earlier try made), in any state.
+    Held(Box<ApprovalRequest>),
+}
+
+impl Gate {
+    /// Classifies `call` from `who`: pass, or the request that holds it (decided at once
+    /// when a policy or a grant settles it).
+    pub async fn gateway_call(
+        &self,
+        who: &Principal,
+        call: &GatewayCall,
+    ) -> Result<Gated, GateError> {
+        let details = call_details(&call.upstream, &call.tool, &call.arguments);
+        let via = Via {
+            upstream: call.upstream.clone(),
+            read_only: call.read_only,
+        };
+        let key = join_key(who, call);
+        let hold = call.hold.as_secs().max(1);
+        for attempt in 0..MAX_ATTEMPTS {
+            let new = NewRequest {
+                description: call
+                    .description
+                    .clone()
+                    .unwrap_or_else(|| format!("{} on {}", call.tool, call.upstream)),
+                details: details.clone(),
+                timeout_seconds: Some(hold + HOLD_GRACE_SECONDS),
+                idempotency_key: Some(format!("gw:{key}:{attempt}")),
+                ..NewRequest::default()
+            };
+            let requested = match self.create(who, new, None, Some(&via)).await {
+                Ok(Some(requested)) => requested,
+                Ok(None) => return Ok(Gated::Pass),
+                Err(err) => return Err(too_large(err)),
+            };
+            if !requested.existing || self.joins(&requested.request, call.hold) {
+                return Ok(Gated::Held(Box::new(requested.request)));
+            }
+        }
+        Err(GateError::RateLimited {
+            message: format!(
+                "this session has made the same call of {} {MAX_ATTEMPTS} times; start a new session",
+                call.tool
+            ),
+            retry_after_seconds: 60,
+        })
+    }
+
+    /// Whether no policy in force matches `request` held `via` the gateway (so a
+    /// read-only call of a trusted upstream may pass). A policy that matches, even one
+    /// that permits, makes it a request: what a policy decides is logged.
+    pub(crate) async fn no_policy_speaks(
+        &self,
+        who: &Principal,
+        request: &ApprovalRequest,
+        via: &Via,
+    ) -> Result<bool, GateError> {
+        Ok(
+            match self
+                .evaluate_policies(who, request, Some(&via.upstream))
+                .await?
+            {
+                None => true,
+                Some((_, evaluation)) => {
+                    matches!(evaluation.outcome, countersign_policy::Outcome::NoMatch)
+                        && evaluation.errors.is_empty()
+                }
+            },
+        )
+    }
+
+    /// Whether a retry joins `request` (found by its key) rather than making a new one:
+    /// while it is undecided or approved and unused, while its forward has no outcome
+    /// yet, and, once closed, for as long as the call's hold (the retry gets the same
+    /// answer).
+    fn joins(&self, request: &ApprovalRequest, hold: Duration) -> bool {
+        let now = self.now();
+        match request.status {
+            Status::Pending => true,
+            Status::Approved => match (request.used(), &request.outcome) {
+                (None, _) => request.check_usable(now).is_ok(),
+                (Some(_), None) => true,
+                (Some(_), Some(_)) => false,
+            },
+            Status::Rejected | Status::TimedOut | Status::Cancelled => {
+                let closed = request
+                    .closed_at
+                    .or(request.decision.as_ref().map(|d| d.decided_at))
+                    .unwrap_or(request.requested_at);
+                let hold = i64::try_from(hold.as_millis()).unwrap_or(i64::MAX);
+                now.millis().saturating_sub(closed.millis()) < hold
+            }
+        }
+    }
+
+    /// Claims the approved `request` for its one forward (`record_action`, which a
+    /// second claim, here or on another instance, cannot pass): the intent, durable
+    /// before the call is sent. `instance` names the process that forwards it.
+    pub async fn claim_forward(
+        &self,
+        who: &Principal,
+        request: &ApprovalRequest,
+        instance: &str,
+    ) -> Result<ApprovalRequest, GateError> {
+        let tool = request
+            .action
+            .details
+            .get(countersign_core::arguments::TOOL_DETAIL)
+            .cloned()
+            .unwrap_or_else(|| "gateway".into());
+        let details = [("forwarded_by".to_string(), instance.to_string())].into();
+        self.record_action(who, request.id.as_str(), tool, details)
+            .await
+    }
+
+    /// Records `unknown` as the outcome of `who`'s forwards to `upstream` that were
+    /// claimed more than `older_than` ago and have no outcome: the gateway that claimed
+    /// them stopped (a live one gives up on an upstream after its forward timeout and
+    /// records the outcome itself). They are never sent again. Returns how many.
+    pub async fn sweep_unknown(
+        &self,
+        who: &Principal,
+        upstream: &str,
+        older_than: Duration,
+    ) -> Result<usize, GateError> {
+        let query = countersign_store::RequestQuery {
+            status: Some(Status::Approved),
+            requested_by: Some(who.id.clone()),
+            limit: 1000,
+        };
+        let now = self.now();
+        let cutoff = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+        let mut swept = 0;
+        for request in self.store.list_requests(&query).await? {
+            let Some(action) = &request.action_record else {
+                continue;
+            };
+            let ours = request
+                .action
+                .details
+                .get(countersign_core::arguments::UPSTREAM_DETAIL)
+                .is_some_and(|u| u == upstream)
+                && action.details.contains_key("forwarded_by");
+            if !ours
+                || request.outcome.is_some()
+                || now.millis().saturating_sub(action.recorded_at.millis()) < cutoff
+            {
+                continue;
+            }
+            let summary = format!(
+                "no outcome: {} stopped before {upstream} answered; whether the call ran is unknown, and it was not sent again",
+                action
+                    .details
+                    .get("forwarded_by")
+                    .map_or("the gateway", String::as_str)
+            );
+            match self
+                .forwarded(who, request.id.as_str(), OutcomeStatus::Unknown, summary)
+                .await
+            {
+                Ok(_) => swept += 1,
+                // Recorded meanwhile (the forward finished after all): it stands.
+                Err(err) => tracing::debug!(request = %request.id, %err, "not swept"),
+            }
+        }
+        Ok(swept)
+    }
+
+    /// Records what the forward of a claimed request gave.
+    pub async fn forwarded(
+        &self,
+        who: &Principal,
+        id: &str,
+        status: OutcomeStatus,
+        summary: String,
+    ) -> Result<ApprovalRequest, GateError> {
+        self.record_outcome(who, id, status, Some(summary), Default::default())
+            .await
+    }
+}
+
+/// The call's key among `who`'s requests: a hash of the session, the upstream, the tool
+/// and the canonical arguments.
+fn join_key(who: &Principal, call: &GatewayCall) -> String {
+    let arguments =
+        serde_json_canonicalizer::to_vec(&call.arguments).unwrap_or_else(|_| b"{}".to_vec());
+    let mut hash = Sha256::new();
+    for part in [
+        who.id.as_bytes(),
+        call.session.as_bytes(),
+        call.upstream.as_bytes(),
+        call.tool.as_bytes(),
+        &arguments,
+    ] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part);
+    }
+    hex::encode(&hash.finalize()[..16])
+}
+
+/// A call whose arguments exceed what a request may hold cannot be bound, so it cannot
+/// be approved: say so in those words.
+fn too_large(err: GateError) -> GateError {
+    match err {
+        GateError::Core(countersign_core::CoreError::Invalid { field, message })
+            if field == "details" =>
+        {
+            GateError::BadInput(format!(
+                "the call's arguments cannot be bound into a request ({message}); this call cannot be approved through the gateway"
+            ))
+        }
+        other => other,
+    }
+}

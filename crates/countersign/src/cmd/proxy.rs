@@ -1,0 +1,172 @@
+//! `countersign proxy -- CMD ARGS...`: the MCP gateway in front of one stdio upstream,
+//! served over stdio to the agent's client (which launches this command instead of the
+//! upstream's). docs/gateway.md.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use countersign_server::held::{Approvals, LocalGate};
+use countersign_server::mcp::gateway::{GatewayService, GatewaySettings, Upstream};
+use rmcp::ServiceExt;
+use rmcp::transport::TokioChildProcess;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::Config;
+use crate::runtime;
+
+/// The longest a held call may wait, by default (a person has this long to decide).
+const DEFAULT_HOLD_SECONDS: u64 = 600;
+/// The longest an approved call may take upstream, by default.
+const DEFAULT_FORWARD_SECONDS: u64 = 300;
+
+#[derive(Debug, Args)]
+pub struct ProxyArgs {
+    /// The name this agent's requests are recorded under (default: the OS user).
+    #[arg(long, value_name = "NAME")]
+    pub agent_name: Option<String>,
+    /// The upstream's name in requests and policies (`Server::"<name>"`; default: the
+    /// command's file name).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<String>,
+    /// Do not believe the upstream's readOnlyHint: every call is asked for unless a
+    /// policy decides it.
+    #[arg(long)]
+    pub untrusted: bool,
+    /// Seconds a held call waits for a decision before it is refused (and its request
+    /// times out).
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_HOLD_SECONDS)]
+    pub hold: u64,
+    /// Seconds an approved call may take upstream; past it, its outcome is recorded as
+    /// unknown (it is never sent again). Forwards of an earlier gateway left without an
+    /// outcome for this long are recorded as unknown when this one starts.
+    #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_FORWARD_SECONDS)]
+    pub forward_timeout: u64,
+    /// The upstream MCP server to launch, and its arguments (after `--`).
+    #[arg(last = true, required = true, value_name = "CMD")]
+    pub command: Vec<String>,
+}
+
+pub async fn run(config: &Config, args: &ProxyArgs) -> anyhow::Result<ExitCode> {
+    if let Some(name) = &args.agent_name {
+        countersign_core::token::validate_token_name(name)
+            .map_err(|e| anyhow::anyhow!("--agent-name: {e}"))?;
+    }
+    if args.hold == 0 || args.hold > 7 * 24 * 3600 {
+        anyhow::bail!("--hold: give between 1 and 604800 seconds");
+    }
+    let name = upstream_name(args)?;
+    let gate = runtime::open(config).await?;
+    let shutdown = CancellationToken::new();
+    tokio::spawn(gate.clone().run_expiry(shutdown.clone()));
+    tokio::spawn(
+        gate.log()
+            .clone()
+            .run(gate.feed().clone(), shutdown.clone()),
+    );
+    let principal = runtime::stdio_agent(args.agent_name.as_deref());
+    let upstream = launch(&name, !args.untrusted, &args.command).await?;
+    let instance = format!("proxy-{}", random_hex()?);
+    let settings = GatewaySettings {
+        hold: Duration::from_secs(args.hold),
+        session: instance.clone(),
+        instance,
+        forward_timeout: Duration::from_secs(args.forward_timeout.max(1)),
+    };
+    tracing::info!(agent = %principal.id, upstream = %name, "gateway serving MCP over stdio");
+    let local = LocalGate {
+        gate: gate.clone(),
+        who: principal,
+    };
+    let swept = local.sweep(&name, settings.forward_timeout).await?;
+    if swept > 0 {
+        tracing::warn!(upstream = %name, swept, "forwards left without an outcome by an earlier gateway are recorded as unknown");
+    }
+    let service = GatewayService::new(vec![upstream], Arc::new(local), settings);
+    let running = service
+        .clone()
+        .serve(rmcp::transport::stdio())
+        .await
+        .context("the MCP client did not complete the handshake")?;
+    let ended = running.waiting().await;
+    shutdown.cancel();
+    if let Some(upstreams) = service.into_upstreams() {
+        for upstream in upstreams {
+            upstream.close().await;
+        }
+    }
+    ended.context("the MCP session failed")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The upstream's name: `--name`, else the command's file name, as a token name.
+fn upstream_name(args: &ProxyArgs) -> anyhow::Result<String> {
+    let name = match &args.name {
+        Some(name) => name.clone(),
+        None => {
+            // A launcher (python, node, npx...) names nothing: its script or package does.
+            const LAUNCHERS: [&str; 12] = [
+                "python", "python3", "node", "npx", "uv", "uvx", "deno", "bun", "bunx", "sh",
+                "bash", "pipx",
+            ];
+            let stem = |arg: &str| {
+                std::path::Path::new(arg)
+                    .file_stem()
+                    .and_then(|s| s.to_str())
+                    .unwrap_or("upstream")
+                    .to_string()
+            };
+            let program = stem(args.command.first().map(String::as_str).unwrap_or(""));
+            let base = if LAUNCHERS.contains(&program.as_str()) {
+                args.command[1..]
+                    .iter()
+                    .find(|a| !a.starts_with('-') && *a != "run")
+                    .map_or(program, |a| {
+                        // npm's "@scope/name@version": the name.
+                        let bare = a.strip_prefix('@').unwrap_or(a);
+                        stem(bare.split('@').next().unwrap_or(bare))
+                    })
+            } else {
+                program
+            };
+            base.chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                        c
+                    } else {
+                        '-'
+                    }
+                })
+                .collect()
+        }
+    };
+    countersign_core::token::validate_token_name(&name)
+        .map_err(|e| anyhow::anyhow!("--name {name:?}: {e}"))?;
+    Ok(name)
+}
+
+/// Starts the upstream and completes the MCP handshake with it.
+async fn launch(name: &str, trusted: bool, command: &[String]) -> anyhow::Result<Upstream> {
+    let (program, rest) = command
+        .split_first()
+        .context("give the upstream's command after --")?;
+    let mut cmd = tokio::process::Command::new(program);
+    cmd.args(rest);
+    let transport = TokioChildProcess::new(cmd)
+        .with_context(|| format!("could not start the upstream {program:?}"))?;
+    let client = tokio::time::timeout(Duration::from_secs(30), ().serve(transport))
+        .await
+        .with_context(|| format!("upstream {name} did not complete the MCP handshake in 30 s"))?
+        .with_context(|| format!("upstream {name} did not complete the MCP handshake"))?;
+    Upstream::new(name.to_string(), trusted, client)
+        .await
+        .map_err(anyhow::Error::msg)
+}
+
+fn random_hex() -> anyhow::Result<String> {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    Ok(hex::encode(bytes))
+}
