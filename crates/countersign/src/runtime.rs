@@ -81,6 +81,31 @@ pub fn local_admin() -> Principal {
 
 /// Who a stdio MCP process acts as: an agent, named after the OS user (or `--agent-name`)
 /// and kept distinct from the same user deciding at a terminal.
+/// A local agent process (`mcp`, `proxy`, `hook`): `--agent-name` checked, the data
+/// directory's gate opened, and its expiry sweeper (and, with `log`, the log's
+/// integration) running until the returned token is cancelled.
+pub async fn open_agent(
+    config: &Config,
+    agent_name: Option<&str>,
+    log: bool,
+) -> anyhow::Result<(Arc<Gate>, Principal, tokio_util::sync::CancellationToken)> {
+    if let Some(name) = agent_name {
+        countersign_core::token::validate_token_name(name)
+            .map_err(|e| anyhow::anyhow!("--agent-name: {e}"))?;
+    }
+    let gate = open(config).await?;
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(gate.clone().run_expiry(shutdown.clone()));
+    if log {
+        tokio::spawn(
+            gate.log()
+                .clone()
+                .run(gate.feed().clone(), shutdown.clone()),
+        );
+    }
+    Ok((gate, stdio_agent(agent_name), shutdown))
+}
+
 pub fn stdio_agent(name: Option<&str>) -> Principal {
     let name = name.map(str::to_string).unwrap_or_else(os_user);
     Principal::new(

@@ -4,7 +4,6 @@
 use std::time::Duration;
 
 use rmcp::handler::server::wrapper::Parameters;
-use rmcp::model::ProgressNotificationParam;
 use rmcp::service::RequestContext;
 use rmcp::{Json, RoleServer, tool, tool_router};
 use schemars::JsonSchema;
@@ -92,19 +91,9 @@ impl McpService {
     ) -> Result<Json<ApprovalView>, ToolError> {
         let who = self.caller(&ctx)?;
         let timeout = wait_time(input.timeout_seconds, DEFAULT_WAIT_SECONDS)?;
-        let token = ctx.meta.get_progress_token();
-        let peer = ctx.peer.clone();
-        let mut progress = move |waited: Duration| {
-            if let Some(token) = token.clone() {
-                let peer = peer.clone();
-                let param = ProgressNotificationParam::new(token, waited.as_secs_f64())
-                    .with_total(timeout.as_secs_f64())
-                    .with_message("waiting for a human decision");
-                tokio::spawn(async move {
-                    let _ = peer.notify_progress(param).await;
-                });
-            }
-        };
+        let mut report = super::progress_reporter(&ctx, timeout.as_secs_f64());
+        let mut progress =
+            move |waited: Duration| report(waited.as_secs_f64(), "waiting for a human decision");
         let wait = self
             .gate
             .wait(&who, &input.request_id, timeout, &mut progress);

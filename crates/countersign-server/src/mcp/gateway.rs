@@ -12,8 +12,8 @@ use countersign_core::evidence::OutcomeStatus;
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, GetPromptRequestParams,
     GetPromptResponse, Implementation, ListPromptsResult, ListResourceTemplatesResult,
-    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ReadResourceRequestParams, ReadResourceResponse, ServerCapabilities, ServerConfig, Tool,
+    ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
+    ReadResourceResponse, ServerCapabilities, ServerConfig, Tool,
 };
 use rmcp::service::{RequestContext, RunningService};
 use rmcp::{ErrorData, RoleClient, RoleServer, ServerHandler};
@@ -118,6 +118,15 @@ impl GatewayService {
 
     fn prefixed(&self) -> bool {
         self.upstreams.len() > 1
+    }
+
+    /// The name the client sees for `upstream`'s tool or prompt `name`.
+    fn exposed(&self, upstream: &Upstream, name: &str) -> String {
+        if self.prefixed() {
+            format!("{}{PREFIX_SEPARATOR}{name}", upstream.name)
+        } else {
+            name.to_string()
+        }
     }
 
     /// The upstream and its own tool name for the name the client called.
@@ -240,9 +249,7 @@ impl ServerHandler for GatewayService {
         let mut all = Vec::new();
         for upstream in self.upstreams.iter() {
             for mut tool in upstream.refresh().await? {
-                if self.prefixed() {
-                    tool.name = format!("{}{PREFIX_SEPARATOR}{}", upstream.name, tool.name).into();
-                }
+                tool.name = self.exposed(upstream, &tool.name).into();
                 all.push(tool);
             }
         }
@@ -278,20 +285,7 @@ impl ServerHandler for GatewayService {
             hold: self.settings.hold,
             description: None,
         };
-        let token = context.meta.get_progress_token();
-        let peer = context.peer.clone();
-        let total = self.settings.hold.as_secs_f64();
-        let mut progress = move |waited: f64, message: &str| {
-            if let Some(token) = token.clone() {
-                let peer = peer.clone();
-                let param = ProgressNotificationParam::new(token, waited)
-                    .with_total(total)
-                    .with_message(message.to_string());
-                tokio::spawn(async move {
-                    let _ = peer.notify_progress(param).await;
-                });
-            }
-        };
+        let mut progress = super::progress_reporter(&context, self.settings.hold.as_secs_f64());
         let cancelled = context.ct.clone();
         let verdict = held::ask(
             &*self.gate,
@@ -376,9 +370,7 @@ impl ServerHandler for GatewayService {
                 .await
                 .map_err(upstream_error(upstream))?;
             for mut prompt in listed.prompts {
-                if self.prefixed() {
-                    prompt.name = format!("{}{PREFIX_SEPARATOR}{}", upstream.name, prompt.name);
-                }
+                prompt.name = self.exposed(upstream, &prompt.name);
                 all.prompts.push(prompt);
             }
         }

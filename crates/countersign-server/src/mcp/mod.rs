@@ -107,6 +107,27 @@ impl IntoContents for ToolError {
     }
 }
 
+/// Sends the client a progress notification (when it asked for them with a progress
+/// token) each time it is called: the seconds waited, out of `total`, and a message.
+pub(crate) fn progress_reporter(
+    ctx: &RequestContext<RoleServer>,
+    total: f64,
+) -> impl FnMut(f64, &str) + Send + use<> {
+    let token = ctx.meta.get_progress_token();
+    let peer = ctx.peer.clone();
+    move |waited: f64, message: &str| {
+        if let Some(token) = token.clone() {
+            let peer = peer.clone();
+            let param = rmcp::model::ProgressNotificationParam::new(token, waited)
+                .with_total(total)
+                .with_message(message.to_string());
+            tokio::spawn(async move {
+                let _ = peer.notify_progress(param).await;
+            });
+        }
+    }
+}
+
 impl McpService {
     pub fn new(gate: Arc<Gate>, identity: Identity, operator_tools_enabled: bool) -> Self {
         let group = |router, need| Group { router, need };

@@ -7,7 +7,6 @@
 
 use std::io::Read;
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
@@ -15,7 +14,6 @@ use clap::{Args, ValueEnum};
 use countersign_server::gate::GatewayCall;
 use countersign_server::held::{self, LocalGate, Verdict};
 use serde_json::{Map, Value, json};
-use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::runtime;
@@ -64,10 +62,6 @@ pub async fn run(config: &Config, args: &HookArgs) -> anyhow::Result<ExitCode> {
     if args.timeout == 0 || args.timeout > 3600 {
         anyhow::bail!("--timeout: give between 1 and 3600 seconds");
     }
-    if let Some(name) = &args.agent_name {
-        countersign_core::token::validate_token_name(name)
-            .map_err(|e| anyhow::anyhow!("--agent-name: {e}"))?;
-    }
     let mut input = String::new();
     std::io::stdin()
         .take(MAX_INPUT_BYTES)
@@ -82,13 +76,10 @@ pub async fn run(config: &Config, args: &HookArgs) -> anyhow::Result<ExitCode> {
         Client::ClaudeCode => "claude-code",
         Client::Cursor => "cursor",
     };
-    let gate = runtime::open(config).await?;
-    let shutdown = CancellationToken::new();
-    tokio::spawn(gate.clone().run_expiry(shutdown.clone()));
-    let local = LocalGate {
-        gate: gate.clone(),
-        who: runtime::stdio_agent(args.agent_name.as_deref()),
-    };
+    // The log's integration is left to the next process that runs it (serve, mcp).
+    let (gate, who, shutdown) =
+        runtime::open_agent(config, args.agent_name.as_deref(), false).await?;
+    let local = LocalGate { gate, who };
     let gateway_call = GatewayCall {
         upstream: upstream.into(),
         tool: call.tool.clone(),
@@ -107,7 +98,6 @@ pub async fn run(config: &Config, args: &HookArgs) -> anyhow::Result<ExitCode> {
         std::future::pending::<()>(),
     )
     .await;
-    // The log's integration is left to the next process that runs it (serve, mcp).
     shutdown.cancel();
     let (allow, reason) = match verdict {
         Ok(Verdict::Forward { request: None }) => (
@@ -142,7 +132,6 @@ pub async fn run(config: &Config, args: &HookArgs) -> anyhow::Result<ExitCode> {
         }),
     };
     println!("{answer}");
-    drop(Arc::clone(&gate));
     Ok(ExitCode::SUCCESS)
 }
 

@@ -12,7 +12,6 @@ use countersign_server::held::{Approvals, LocalGate};
 use countersign_server::mcp::gateway::{GatewayService, GatewaySettings, Upstream};
 use rmcp::ServiceExt;
 use rmcp::transport::TokioChildProcess;
-use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::runtime;
@@ -50,23 +49,12 @@ pub struct ProxyArgs {
 }
 
 pub async fn run(config: &Config, args: &ProxyArgs) -> anyhow::Result<ExitCode> {
-    if let Some(name) = &args.agent_name {
-        countersign_core::token::validate_token_name(name)
-            .map_err(|e| anyhow::anyhow!("--agent-name: {e}"))?;
-    }
     if args.hold == 0 || args.hold > 7 * 24 * 3600 {
         anyhow::bail!("--hold: give between 1 and 604800 seconds");
     }
     let name = upstream_name(args)?;
-    let gate = runtime::open(config).await?;
-    let shutdown = CancellationToken::new();
-    tokio::spawn(gate.clone().run_expiry(shutdown.clone()));
-    tokio::spawn(
-        gate.log()
-            .clone()
-            .run(gate.feed().clone(), shutdown.clone()),
-    );
-    let principal = runtime::stdio_agent(args.agent_name.as_deref());
+    let (gate, principal, shutdown) =
+        runtime::open_agent(config, args.agent_name.as_deref(), true).await?;
     let upstream = launch(&name, !args.untrusted, &args.command).await?;
     let instance = format!("proxy-{}", random_hex()?);
     let settings = GatewaySettings {
