@@ -27,7 +27,7 @@ from typing import Any, AsyncIterator
 import mcp
 from mcp.client.stdio import stdio_client
 
-from harness import Context, Results, check, child_env, http
+from harness import Context, Results, check, child_env, http, run_cli
 
 UPSTREAM = Path(__file__).resolve().parent / "upstream_server.py"
 # The reference filesystem server from npm (tests/upstreams: `npm ci --prefix tests/upstreams`).
@@ -40,15 +40,24 @@ def calls(notes: Path) -> list[str]:
 
 
 @asynccontextmanager
-async def gateway(ctx: Context, notes: Path, *extra: str, agent: str, upstream: list[str] | None = None) -> AsyncIterator[mcp.Client]:
-    """The official client launching the gateway, which launches the upstream."""
+async def gateway(
+    ctx: Context, notes: Path, *extra: str, agent: str, upstream: list[str] | None = None,
+    remote: Path | None = None,
+) -> AsyncIterator[mcp.Client]:
+    """The official client launching the gateway, which launches the upstream. With
+    `remote` (a token file), the gateway asks the running serve over HTTP
+    (`proxy --server URL`) and has no data directory of its own."""
+    env = {**{k: v for k, v in child_env().items() if k == "COUNTERSIGN_LOG"}, "UPSTREAM_DIR": str(notes)}
+    if remote is None:
+        where = ["--data-dir", str(ctx.data_dir), "proxy", "--agent-name", agent]
+    else:
+        where = ["proxy", "--server", ctx.base_url]
+        env["COUNTERSIGN_TOKEN_FILE"] = str(remote)
+        env["HOME"] = str(ctx.scratch / f"{agent}-home")
     params = mcp.StdioServerParameters(
         command=ctx.binary,
-        args=[
-            "--data-dir", str(ctx.data_dir), "proxy", "--agent-name", agent, *extra,
-            "--", *(upstream or [sys.executable, str(UPSTREAM)]),
-        ],
-        env={**{k: v for k, v in child_env().items() if k == "COUNTERSIGN_LOG"}, "UPSTREAM_DIR": str(notes)},
+        args=[*where, *extra, "--", *(upstream or [sys.executable, str(UPSTREAM)])],
+        env=env,
     )
     errlog_path = ctx.scratch / f"proxy-{agent}.log"
     with open(errlog_path, "a", encoding="utf-8") as errlog:
@@ -63,23 +72,24 @@ async def gateway(ctx: Context, notes: Path, *extra: str, agent: str, upstream: 
             raise
 
 
-def pending_of(ctx: Context, agent: str) -> list[dict[str, Any]]:
+def pending_of(ctx: Context, agent: str, by: str | None = None) -> list[dict[str, Any]]:
+    """The pending requests of the local gateway's `agent` (or of the principal `by`)."""
     r = http("GET", ctx.url("/api/v1/requests?status=pending"), token=ctx.approver_token)
     check(r.status == 200, f"list pending: {r.status} {r.body[:200]!r}")
     body = r.json()
     items = body["requests"] if isinstance(body, dict) else body
-    return [q for q in items if q["requested_by"] == f"stdio:{agent}"]
+    return [q for q in items if q["requested_by"] == (by or f"stdio:{agent}")]
 
 
-async def held_request(ctx: Context, agent: str, within: float = 20) -> dict[str, Any]:
+async def held_request(ctx: Context, agent: str, within: float = 20, by: str | None = None) -> dict[str, Any]:
     deadline = time.monotonic() + within
     while time.monotonic() < deadline:
-        found = pending_of(ctx, agent)
+        found = pending_of(ctx, agent, by)
         if found:
             check(len(found) == 1, f"one held call, one request: {found}")
             return found[0]
         await asyncio.sleep(0.1)
-    raise AssertionError(f"no pending request from stdio:{agent} within {within}s")
+    raise AssertionError(f"no pending request from {by or 'stdio:' + agent} within {within}s")
 
 
 def request(ctx: Context, rid: str) -> dict[str, Any]:
@@ -312,6 +322,67 @@ async def filesystem_flow(ctx: Context, results: Results) -> None:
     print("    @modelcontextprotocol/server-filesystem: reads passed, a write waited for its approval, a rejected one did nothing", flush=True)
 
 
+async def remote_flow(ctx: Context, results: Results) -> None:
+    """`countersign proxy --server URL`: the gateway runs next to the agent with no data
+    directory, and the gate is a serve it reaches over HTTP. An agent's own token cannot
+    speak for a gateway; a gateway token's held call waits (with progress), runs once
+    approved, is withdrawn when the client gives up, and a kill -9 runs nothing."""
+    name = "gw-remote"
+    notes = ctx.scratch / name
+    out = run_cli(ctx.binary, "token", "create", "--role", "agent", "--name", name,
+                  "--scopes", "request,gateway", "--data-dir", str(ctx.data_dir))
+    gateway_file = ctx.scratch / f"{name}.token"
+    gateway_file.write_text(out.strip() + "\n")
+    agent_file = ctx.scratch / f"{name}-agent.token"
+    agent_file.write_text(ctx.agent_token)
+    by = f"token:{name}"
+
+    # The agent's own token: the gateway does not start (the server refuses it the
+    # gateway's routes), and so nothing is asked and nothing runs.
+    env = {**child_env(), "COUNTERSIGN_TOKEN_FILE": str(agent_file), "UPSTREAM_DIR": str(notes),
+           "HOME": str(ctx.scratch / f"{name}-home")}
+    refused = subprocess.run(
+        [ctx.binary, "proxy", "--server", ctx.base_url, "--", sys.executable, str(UPSTREAM)],
+        env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60,
+    )
+    check(refused.returncode == 2 and "gateway scope" in refused.stderr,
+          f"an agent token may not speak for a gateway: exit {refused.returncode}, {refused.stderr[-300:]!r}")
+    check(calls(notes) == [], "nothing ran")
+
+    async with gateway(ctx, notes, agent=name, remote=gateway_file) as client:
+        r = await client.call_tool("read_note", {"name": "r"})
+        check(not r.is_error, f"a read passes through the remote gate: {text_of(r)}")
+        progress: list[str] = []
+
+        async def on_progress(value: float, total: float | None, message: str | None) -> None:
+            progress.append(message or "")
+
+        call = asyncio.create_task(client.call_tool("write_note", {"name": "r", "text": "remote"}, progress_callback=on_progress))
+        held = await held_request(ctx, name, by=by)
+        check(held["action_details"].get("/text") == '"remote"', f"bound on the server: {held['action_details']}")
+        await asyncio.sleep(1.0)
+        check(not call.done() and calls(notes) == [], "nothing runs before the approval")
+        check(any(held["request_id"] in p for p in progress), f"progress names the held request: {progress}")
+        ctx.approve(held["request_id"])
+        result = await asyncio.wait_for(call, 30)
+        check(not result.is_error and calls(notes) == ["write_note r"], f"ran once: {text_of(result)} {calls(notes)}")
+        done = request(ctx, held["request_id"])
+        check((done.get("outcome") or {}).get("status") == "succeeded", f"the outcome is on the server: {done.get('outcome')}")
+
+        # The client gives up: the request is withdrawn on the server, and stays so.
+        call = asyncio.create_task(client.call_tool("write_note", {"name": "gone", "text": "never"}))
+        held = await held_request(ctx, name, by=by)
+        call.cancel()
+        deadline = time.monotonic() + 10
+        while request(ctx, held["request_id"])["status"] == "pending" and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        check(request(ctx, held["request_id"])["status"] == "cancelled", f"withdrawn: {request(ctx, held['request_id'])['status']}")
+        check(ctx.approve(held["request_id"]).status != 200, "a withdrawn call cannot be approved")
+    check(calls(notes) == ["write_note r"], f"nothing else ran: {calls(notes)}")
+    check(not (ctx.scratch / f"{name}-home").exists(), "the remote gateway made no data directory")
+    print("    remote gateway: agent token refused; held with progress, ran once; withdrawn when the client gave up", flush=True)
+
+
 def test_gateway(ctx: Context, results: Results) -> None:
     async def run() -> None:
         await approve_flow(ctx, results)
@@ -320,5 +391,6 @@ def test_gateway(ctx: Context, results: Results) -> None:
         await reject_and_timeout_flow(ctx, results)
         await many_agents(ctx, results)
         await kill_flow(ctx, results)
+        await remote_flow(ctx, results)
 
     asyncio.run(run())

@@ -80,15 +80,24 @@ def expect(bug: str, condition: bool, message: str, results: Results) -> None:
 
 
 @asynccontextmanager
-async def stdio_connection(ctx: Context, agent_name: str, mode: str = "auto") -> AsyncIterator[mcp.Client]:
-    """The official client launching `countersign mcp` itself, as Claude Code would."""
-    params = mcp.StdioServerParameters(
-        command=ctx.binary,
-        args=["mcp", "--data-dir", str(ctx.data_dir), "--agent-name", agent_name],
-        # Merged over the SDK's safe default environment (PATH, HOME, ...); no
-        # COUNTERSIGN_* variable of this process reaches the child.
-        env={k: v for k, v in child_env().items() if k == "COUNTERSIGN_LOG"},
-    )
+async def stdio_connection(
+    ctx: Context, agent_name: str, mode: str = "auto", remote_token: str | None = None
+) -> AsyncIterator[mcp.Client]:
+    """The official client launching `countersign mcp` itself, as Claude Code would; with
+    `remote_token`, `countersign mcp --server URL` relaying it to the running serve."""
+    # Merged over the SDK's safe default environment (PATH, HOME, ...); no
+    # COUNTERSIGN_* variable of this process reaches the child.
+    env = {k: v for k, v in child_env().items() if k == "COUNTERSIGN_LOG"}
+    args = ["mcp", "--data-dir", str(ctx.data_dir), "--agent-name", agent_name]
+    if remote_token is not None:
+        token_file = ctx.scratch / f"relay-{agent_name}.token"
+        token_file.write_text(remote_token + "\n")
+        token_file.chmod(0o600)
+        args = ["mcp", "--server", ctx.base_url]
+        env["COUNTERSIGN_TOKEN_FILE"] = str(token_file)
+        # No data directory of its own: HOME points where nothing may appear.
+        env["HOME"] = str(ctx.scratch / f"relay-home-{agent_name}")
+    params = mcp.StdioServerParameters(command=ctx.binary, args=args, env=env)
     errlog_path = ctx.scratch / f"mcp-stdio-{agent_name}.log"
     with open(errlog_path, "w", encoding="utf-8") as errlog:
         try:
@@ -444,6 +453,31 @@ def test_mcp_stdio(ctx: Context, results: Results, mode: str = "auto") -> None:
             await approval_flow(client, ctx, label, f"stdio:{agent}")
             if mode == "auto":
                 await edge_flow(client, ctx, label)
+
+    anyio.run(main)
+
+
+def test_mcp_relay(ctx: Context, results: Results, mode: str = "auto") -> None:
+    """`countersign mcp --server URL`: a stdio client of a team server, relayed to its
+    /mcp as the token's agent; progress while waiting, the proof, and a bad token refused
+    with a message that says so."""
+    label = f"stdio relay/{mode}"
+
+    async def main() -> None:
+        async with stdio_connection(ctx, f"relay-{mode}", mode, remote_token=ctx.agent_token) as client:
+            print(f"    {label}: protocol {client.protocol_version}, server {describe(client)}")
+            await check_tool_list(client, label, results)
+            await approval_flow(client, ctx, label, f"token:{ctx.agent_name}")
+        home = ctx.scratch / f"relay-home-relay-{mode}"
+        check(not home.exists(), f"{label}: the relay made a data directory of its own: {home}")
+        refused = None
+        try:
+            async with stdio_connection(ctx, f"relay-bad-{mode}", mode, remote_token="cs_not_a_real_token") as client:
+                await client.list_tools()
+        except Exception as e:  # noqa: BLE001 - the refusal is what is tested
+            refused = "; ".join(str(x) for x in leaf_exceptions(e))
+        check(refused is not None and ("token" in refused.lower() or "unauthenticated" in refused.lower()),
+              f"{label}: a bad token must be refused, saying why: {refused!r}")
 
     anyio.run(main)
 

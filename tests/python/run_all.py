@@ -107,6 +107,8 @@ def main() -> int:
             [
                 ("official MCP client over stdio (auto)", lambda: mcp_clients.test_mcp_stdio(ctx, results, "auto")),
                 ("official MCP client over stdio (legacy)", lambda: mcp_clients.test_mcp_stdio(ctx, results, "legacy")),
+                ("official MCP client relayed by `countersign mcp --server` (auto)", lambda: mcp_clients.test_mcp_relay(ctx, results, "auto")),
+                ("official MCP client relayed by `countersign mcp --server` (legacy)", lambda: mcp_clients.test_mcp_relay(ctx, results, "legacy")),
                 ("official MCP client over Streamable HTTP (auto)", lambda: mcp_clients.test_mcp_http(ctx, results, "auto")),
                 ("official MCP client over Streamable HTTP (legacy)", lambda: mcp_clients.test_mcp_http(ctx, results, "legacy")),
                 ("transparency log and evidence bundles (independent verifier)", lambda: log_and_bundles(ctx, results)),

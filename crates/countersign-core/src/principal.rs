@@ -32,14 +32,23 @@ impl Role {
     }
 
     /// The most a credential of this role may reach; a token may be narrowed further.
+    /// The most a credential of this role may be given.
     pub fn scopes(&self) -> Scopes {
         use Scope::*;
         match self {
-            Role::Agent => Scopes::of([Request, Rooms, Evidence, Verify]),
+            Role::Agent => Scopes::of([Request, Rooms, Evidence, Verify, Gateway]),
             Role::Executor => Scopes::of([Verify, Redeem]),
             Role::Approver => Scopes::of([Request, Rooms, Evidence, Verify, Decide]),
             Role::Admin => Scopes::of([Request, Rooms, Evidence, Verify, Decide, Admin]),
         }
+    }
+}
+
+impl Role {
+    /// What a credential of this role gets when none are named: its role's scopes but
+    /// `gateway`, which a token has only when it is created for a gateway.
+    pub fn default_scopes(&self) -> Scopes {
+        Scopes::of(self.scopes().iter().filter(|s| *s != Scope::Gateway))
     }
 }
 
@@ -129,14 +138,14 @@ pub struct Principal {
 }
 
 impl Principal {
-    /// A principal with every scope of its role.
+    /// A principal with its role's default scopes ([`Role::default_scopes`]).
     pub fn new(id: String, display_name: &str, role: Role, auth_method: AuthMethod) -> Self {
         Self {
             id,
             display_name: display_name.to_string(),
             role,
             auth_method,
-            scopes: role.scopes(),
+            scopes: role.default_scopes(),
         }
     }
 
@@ -286,5 +295,20 @@ mod tests {
             Role::Executor.scopes(),
             Scopes::of([Scope::Verify, Scope::Redeem])
         );
+    }
+
+    #[test]
+    fn only_an_agent_token_that_names_it_speaks_for_a_gateway() {
+        // An agent's token, unscoped, cannot pass itself off as the gateway in its path.
+        let agent = Principal::from_token("bot", Role::Agent);
+        assert!(!agent.may(Scope::Gateway) && agent.may(Scope::Request));
+        let gateway = Principal::from_token("laptop-gateway", Role::Agent)
+            .with_scopes(&Scopes::of([Scope::Request, Scope::Gateway]));
+        assert!(gateway.may(Scope::Gateway));
+        for role in [Role::Executor, Role::Approver, Role::Admin] {
+            assert!(!role.scopes().contains(Scope::Gateway), "{role}");
+            let forged = Principal::from_token("x", role).with_scopes(&Scopes::of(Scope::ALL));
+            assert!(!forged.may(Scope::Gateway), "{role}");
+        }
     }
 }

@@ -23,6 +23,13 @@ pub enum Scope {
     Verify,
     /// Redeem a proof: consume an approval for exactly its action (`redeem_proof`).
     Redeem,
+    /// Speak for a gateway in the agent's path (`countersign proxy`, `hook`, `exec`
+    /// against a remote `serve`): classify the calls it holds (policies see
+    /// `context.gateway`; a trusted upstream's read-only tool may pass unasked), claim an
+    /// approved call for its one forward and record what came of it. Never part of a
+    /// token unless named: an agent's own token must not pass itself off as the gateway
+    /// that stands in its path.
+    Gateway,
     /// Decide requests and list them; answer room questions, resolve blockers, run rooms.
     Decide,
     /// Manage tokens and read the delivery history.
@@ -30,12 +37,13 @@ pub enum Scope {
 }
 
 impl Scope {
-    pub const ALL: [Scope; 7] = [
+    pub const ALL: [Scope; 8] = [
         Scope::Request,
         Scope::Rooms,
         Scope::Evidence,
         Scope::Verify,
         Scope::Redeem,
+        Scope::Gateway,
         Scope::Decide,
         Scope::Admin,
     ];
@@ -47,6 +55,7 @@ impl Scope {
             Scope::Evidence => "evidence",
             Scope::Verify => "verify",
             Scope::Redeem => "redeem",
+            Scope::Gateway => "gateway",
             Scope::Decide => "decide",
             Scope::Admin => "admin",
         }

@@ -76,7 +76,7 @@ impl TokenRecord {
         }
     }
 
-    /// The scopes it has: its own, or its role's.
+    /// The scopes it has: its own, or its role's default ([`Role::default_scopes`]).
     pub fn effective_scopes(&self) -> Scopes {
         self.principal().scopes
     }
@@ -101,7 +101,7 @@ pub fn check_new_token<'a>(
     validate_token_name(name)?;
     if let Some(scopes) = scopes {
         if scopes.is_empty() {
-            return Err("give at least one scope (or none, for all of the role's)".into());
+            return Err("give at least one scope (or none, for the role's default)".into());
         }
         if !scopes.is_subset(&role.scopes()) {
             return Err(format!(
@@ -266,7 +266,7 @@ mod tests {
             scopes: None,
             ..record
         };
-        assert_eq!(unscoped.effective_scopes(), Role::Agent.scopes());
+        assert_eq!(unscoped.effective_scopes(), Role::Agent.default_scopes());
     }
 
     #[test]

@@ -38,6 +38,10 @@ pub enum GateError {
     /// Something in this process failed (not the caller's input, not the store).
     #[error("{0}")]
     Internal(String),
+    /// A remote `serve` answered with this error (the remote client): its kind and the
+    /// message it chose to show.
+    #[error("{message}")]
+    Remote { kind: ErrorKind, message: String },
 }
 
 impl From<StoreError> for GateError {
@@ -104,6 +108,34 @@ impl ErrorKind {
             ErrorKind::Internal => "internal",
         }
     }
+
+    /// The kind a code names (what a remote `serve` answered), if it names one.
+    pub fn from_code(code: &str) -> Option<ErrorKind> {
+        use ErrorKind::*;
+        [
+            InvalidInput,
+            AlreadyDecided,
+            Expired,
+            SelfApproval,
+            AlreadyApproved,
+            Changed,
+            NotEligible,
+            Forbidden,
+            NotApproved,
+            AlreadyUsed,
+            ApprovalExpired,
+            ActionMismatch,
+            InvalidProof,
+            IdempotencyMismatch,
+            NotFound,
+            Unauthenticated,
+            Unavailable,
+            RateLimited,
+            Internal,
+        ]
+        .into_iter()
+        .find(|kind| kind.code() == code)
+    }
 }
 
 impl GateError {
@@ -146,6 +178,7 @@ impl GateError {
             }
             GateError::RateLimited { .. } => ErrorKind::RateLimited,
             GateError::Store(_) | GateError::Internal(_) => ErrorKind::Internal,
+            GateError::Remote { kind, .. } => *kind,
         }
     }
 
@@ -191,5 +224,34 @@ mod tests {
         let refused = GateError::Core(CoreError::Refused("room ops is in the trash".into()));
         assert_eq!(refused.code(), "invalid_input");
         assert_eq!(refused.public_message(), "room ops is in the trash");
+    }
+
+    #[test]
+    fn every_code_names_its_kind() {
+        for err in [
+            GateError::BadInput("x".into()),
+            GateError::Forbidden("x".into()),
+            GateError::NotFound("x".into()),
+            GateError::Internal("x".into()),
+            GateError::RateLimited {
+                message: "x".into(),
+                retry_after_seconds: 1,
+            },
+        ] {
+            assert_eq!(ErrorKind::from_code(err.code()), Some(err.kind()));
+        }
+        assert_eq!(
+            ErrorKind::from_code("approval_expired"),
+            Some(ErrorKind::ApprovalExpired)
+        );
+        assert_eq!(ErrorKind::from_code("nonsense"), None);
+        let remote = GateError::Remote {
+            kind: ErrorKind::Forbidden,
+            message: "bot may not".into(),
+        };
+        assert_eq!(
+            (remote.code(), remote.public_message().as_str()),
+            ("forbidden", "bot may not")
+        );
     }
 }

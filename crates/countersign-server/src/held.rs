@@ -36,6 +36,98 @@ pub enum Ruling {
     Held { request: Box<ApprovalView> },
 }
 
+/// The longest a call may be held (a week).
+pub const MAX_HOLD_SECONDS: u64 = 7 * 24 * 3600;
+
+/// A held call on the wire (`POST /api/v1/gateway/calls`, docs/api.md): what a remote
+/// gateway sends for [`Approvals::call`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CallBody {
+    pub upstream: String,
+    pub tool: String,
+    #[serde(default)]
+    pub arguments: serde_json::Map<String, serde_json::Value>,
+    /// The upstream is trusted and the tool says it only reads.
+    #[serde(default)]
+    pub read_only: bool,
+    /// Retries within one session join one request.
+    pub session: String,
+    pub hold_seconds: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub description: Option<String>,
+}
+
+impl CallBody {
+    pub fn new(call: &GatewayCall) -> Self {
+        Self {
+            upstream: call.upstream.clone(),
+            tool: call.tool.clone(),
+            arguments: call.arguments.clone(),
+            read_only: call.read_only,
+            session: call.session.clone(),
+            hold_seconds: call.hold.as_secs(),
+            description: call.description.clone(),
+        }
+    }
+
+    /// The call, once its fields are checked.
+    pub fn into_call(self) -> Result<GatewayCall, GateError> {
+        countersign_core::token::validate_token_name(&self.upstream)
+            .map_err(|e| GateError::BadInput(format!("upstream: {e}")))?;
+        for (field, value) in [("tool", &self.tool), ("session", &self.session)] {
+            if value.is_empty() || value.len() > 200 || value.chars().any(char::is_control) {
+                return Err(GateError::BadInput(format!(
+                    "{field}: give 1 to 200 characters, no control characters"
+                )));
+            }
+        }
+        if self.hold_seconds == 0 || self.hold_seconds > MAX_HOLD_SECONDS {
+            return Err(GateError::BadInput(format!(
+                "hold_seconds: give between 1 and {MAX_HOLD_SECONDS}"
+            )));
+        }
+        Ok(GatewayCall {
+            upstream: self.upstream,
+            tool: self.tool,
+            arguments: self.arguments,
+            read_only: self.read_only,
+            session: self.session,
+            hold: Duration::from_secs(self.hold_seconds),
+            description: self.description,
+        })
+    }
+}
+
+/// `POST /api/v1/gateway/calls/{id}/claim`: [`Approvals::claim`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ClaimBody {
+    pub instance: String,
+}
+
+/// `POST /api/v1/gateway/calls/{id}/outcome`: [`Approvals::outcome`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForwardedBody {
+    pub status: OutcomeStatus,
+    pub summary: String,
+}
+
+/// `POST /api/v1/gateway/sweep`: [`Approvals::sweep`].
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweepBody {
+    pub upstream: String,
+    pub older_than_seconds: u64,
+}
+
+/// What a sweep answers: how many forwards it recorded as unknown.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Swept {
+    pub swept: usize,
+}
+
 /// The gate, local or remote, as the held-call flow uses it.
 #[async_trait]
 pub trait Approvals: Send + Sync {

@@ -2,6 +2,7 @@
 
 mod cmd;
 mod config;
+mod remote;
 mod runtime;
 
 use std::path::PathBuf;

@@ -106,6 +106,38 @@ pub async fn open_agent(
     Ok((gate, stdio_agent(agent_name), shutdown))
 }
 
+/// The gate a process in the agent's path (`proxy`, `hook`, `exec`) asks: a remote
+/// `serve` when `--server` names one (its token names the agent), else the local data
+/// directory's gate, acting as the local agent with the `gateway` scope (this process
+/// is the gateway). The token stops the local gate's background tasks.
+pub async fn open_gateway(
+    config: &Config,
+    remote: &crate::remote::RemoteArgs,
+    agent_name: Option<&str>,
+    log: bool,
+) -> anyhow::Result<(
+    Arc<dyn countersign_server::held::Approvals>,
+    String,
+    tokio_util::sync::CancellationToken,
+)> {
+    if let Some(remote) = crate::remote::Remote::from_args(remote, agent_name)? {
+        let server = remote.describe();
+        return Ok((
+            Arc::new(remote),
+            server,
+            tokio_util::sync::CancellationToken::new(),
+        ));
+    }
+    let (gate, who, shutdown) = open_agent(config, agent_name, log).await?;
+    let who = who.with_scopes(&Role::Agent.scopes());
+    let id = who.id.clone();
+    Ok((
+        Arc::new(countersign_server::held::LocalGate { gate, who }),
+        id,
+        shutdown,
+    ))
+}
+
 pub fn stdio_agent(name: Option<&str>) -> Principal {
     let name = name.map(str::to_string).unwrap_or_else(os_user);
     Principal::new(

@@ -67,6 +67,7 @@ impl Gate {
         who: &Principal,
         call: &GatewayCall,
     ) -> Result<Gated, GateError> {
+        gateway_only(who)?;
         let details = call_details(&call.upstream, &call.tool, &call.arguments);
         let via = Via {
             upstream: call.upstream.clone(),
@@ -159,6 +160,7 @@ impl Gate {
         request: &ApprovalRequest,
         instance: &str,
     ) -> Result<ApprovalRequest, GateError> {
+        gateway_only(who)?;
         let tool = request
             .action
             .details
@@ -180,6 +182,7 @@ impl Gate {
         upstream: &str,
         older_than: Duration,
     ) -> Result<usize, GateError> {
+        gateway_only(who)?;
         let query = countersign_store::RequestQuery {
             status: Some(Status::Approved),
             requested_by: Some(who.id.clone()),
@@ -231,8 +234,23 @@ impl Gate {
         status: OutcomeStatus,
         summary: String,
     ) -> Result<ApprovalRequest, GateError> {
+        gateway_only(who)?;
         self.record_outcome(who, id, status, Some(summary), Default::default())
             .await
+    }
+}
+
+/// Only a credential given the `gateway` scope speaks for a gateway: the calls it
+/// classifies are taken as passing through it (policies see `context.gateway`; a
+/// trusted upstream's read-only tool may pass unasked). An agent's own token is refused.
+fn gateway_only(who: &Principal) -> Result<(), GateError> {
+    if who.may(countersign_core::Scope::Gateway) {
+        Ok(())
+    } else {
+        Err(GateError::Forbidden(format!(
+            "{} may not speak for a gateway: that needs a token created with the gateway scope (countersign token create NAME --scopes request,gateway)",
+            who.id
+        )))
     }
 }
 

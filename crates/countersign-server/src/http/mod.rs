@@ -21,6 +21,7 @@ mod check;
 pub mod client;
 mod email_links;
 pub mod error;
+mod gateway;
 pub mod guard;
 mod rest;
 mod rooms;
@@ -286,7 +287,17 @@ fn token_routes() -> Router<AppState> {
         .route("/tokens", get(rest::list_tokens).post(rest::create_token))
         .route("/tokens/{id}/revoke", post(rest::revoke_token))
         .route("/deliveries", get(rest::deliveries));
+    // A remote gateway's held calls; waiting and withdrawing are the request routes',
+    // under this scope too, so that a gateway's token needs no other.
+    let gateway = Router::new()
+        .route("/gateway/calls", post(gateway::call))
+        .route("/gateway/calls/{id}/wait", get(rest::wait_request))
+        .route("/gateway/calls/{id}/cancel", post(rest::cancel))
+        .route("/gateway/calls/{id}/claim", post(gateway::claim))
+        .route("/gateway/calls/{id}/outcome", post(gateway::outcome))
+        .route("/gateway/sweep", post(gateway::sweep));
     scoped(Scope::Request, request)
+        .merge(scoped(Scope::Gateway, gateway))
         .merge(scoped(Scope::Decide, decide))
         .merge(scoped(Scope::Verify, verify))
         .merge(scoped(Scope::Redeem, redeem))

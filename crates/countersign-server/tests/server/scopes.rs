@@ -471,3 +471,165 @@ async fn token_names_are_unique_forever_and_agents_take_no_persons_name() {
     let (status, _) = create("CAROL@example.com", "agent").await;
     assert_eq!(status, 400);
 }
+
+/// The remote gateway's routes (`/api/v1/gateway`): only a token created with the
+/// `gateway` scope reaches them (no agent token by default, and no other role at all);
+/// with it alone, a call is classified, held, waited on, claimed once, and its outcome
+/// recorded, while the ordinary request routes stay closed to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_a_gateway_token_speaks_for_a_gateway() {
+    let server = start().await;
+    let setup = Principal::local_user("test-setup", Role::Admin);
+    let call = json!({
+        "upstream": "payments", "tool": "refund", "arguments": {"amount": 40},
+        "session": "s1", "hold_seconds": 60
+    });
+    for token in [
+        &server.agent,
+        &server.admin,
+        &server.approver,
+        &server.executor,
+    ] {
+        let (status, body) = server
+            .post("/api/v1/gateway/calls", token, call.clone())
+            .await;
+        assert_eq!(status, 403, "{body}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap()
+                .contains("gateway"),
+            "{body}"
+        );
+    }
+    // No role but an agent's may be given it.
+    let wider = NewToken {
+        name: "gw-approver".into(),
+        role: Role::Approver,
+        expires: None,
+        scopes: Some(Scopes::of([Scope::Gateway])),
+    };
+    assert!(server.gate.create_token_as(wider, &setup).await.is_err());
+    let (_, gateway) = server
+        .gate
+        .create_token_as(
+            NewToken {
+                name: "laptop-gw".into(),
+                role: Role::Agent,
+                expires: None,
+                scopes: Some(Scopes::of([Scope::Gateway])),
+            },
+            &setup,
+        )
+        .await
+        .unwrap();
+
+    // Checked input.
+    let mut bad = call.clone();
+    bad["hold_seconds"] = json!(0);
+    let (status, body) = server.post("/api/v1/gateway/calls", &gateway, bad).await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid_input")),
+        "{body}"
+    );
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("hold_seconds")
+    );
+    let (status, body) = server
+        .post(
+            "/api/v1/gateway/calls",
+            &gateway,
+            json!({"upstream": "x", "tool": "t", "session": "s", "hold_seconds": 5, "extra": 1}),
+        )
+        .await;
+    assert_eq!(status, 400, "unknown fields are refused: {body}");
+
+    // A trusted read-only call that no policy speaks of passes, with nothing stored.
+    let mut read = call.clone();
+    read["read_only"] = json!(true);
+    let (status, body) = server.post("/api/v1/gateway/calls", &gateway, read).await;
+    assert_eq!(
+        (status, body["result"].as_str()),
+        (200, Some("pass")),
+        "{body}"
+    );
+
+    // Held, and a retry joins it.
+    let (status, held) = server
+        .post("/api/v1/gateway/calls", &gateway, call.clone())
+        .await;
+    assert_eq!(
+        (status, held["result"].as_str()),
+        (200, Some("held")),
+        "{held}"
+    );
+    let id = held["request"]["request_id"].as_str().unwrap().to_string();
+    assert_eq!(held["request"]["status"], "pending");
+    assert_eq!(held["request"]["action_details"]["/amount"], "40");
+    let (_, again) = server
+        .post("/api/v1/gateway/calls", &gateway, call.clone())
+        .await;
+    assert_eq!(again["request"]["request_id"], id.as_str(), "{again}");
+    let (status, waited) = server
+        .get(
+            &format!("/api/v1/gateway/calls/{id}/wait?timeout_seconds=0"),
+            &gateway,
+        )
+        .await;
+    assert_eq!(
+        (status, waited["status"].as_str()),
+        (200, Some("pending")),
+        "{waited}"
+    );
+    // Its token reaches nothing else.
+    let (status, _) = server
+        .post(
+            "/api/v1/requests",
+            &gateway,
+            json!({"action_description": "x"}),
+        )
+        .await;
+    assert_eq!(status, 403);
+
+    // Not claimable before approval; once after.
+    let claim = format!("/api/v1/gateway/calls/{id}/claim");
+    let (status, body) = server
+        .post(&claim, &gateway, json!({"instance": "proxy-1"}))
+        .await;
+    assert_eq!(status, 409, "{body}");
+    let (status, body) = server.decide(&server.approver, &id, "approved").await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = server
+        .post(&claim, &gateway, json!({"instance": "proxy-1"}))
+        .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!body["used"].is_null(), "{body}");
+    let (status, body) = server
+        .post(&claim, &gateway, json!({"instance": "proxy-2"}))
+        .await;
+    assert_eq!(status, 409, "a second claim is refused: {body}");
+    let (status, body) = server
+        .post(
+            &format!("/api/v1/gateway/calls/{id}/outcome"),
+            &gateway,
+            json!({"status": "succeeded", "summary": "refunded"}),
+        )
+        .await;
+    assert_eq!(
+        (status, body["outcome"]["status"].as_str()),
+        (200, Some("succeeded")),
+        "{body}"
+    );
+    let (status, body) = server
+        .post(
+            "/api/v1/gateway/sweep",
+            &gateway,
+            json!({"upstream": "payments", "older_than_seconds": 1}),
+        )
+        .await;
+    assert_eq!((status, body["swept"].as_u64()), (200, Some(0)), "{body}");
+}

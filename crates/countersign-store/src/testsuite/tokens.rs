@@ -150,7 +150,7 @@ pub async fn tokens_of_schema_1_keep_working(store: Arc<dyn Store>) {
             .all(|t| t.expires_at.is_none() && t.scopes.is_none())
     );
     let twin = store.token_by_hash("hash-twin").await.unwrap().unwrap();
-    assert_eq!(twin.principal().scopes, Role::Approver.scopes());
+    assert_eq!(twin.principal().scopes, Role::Approver.default_scopes());
     for (name, holder) in [("BOT", "tok_old"), ("Retired", "tok_gone")] {
         let (new, event) = token("tok_new", name, "hash-new", 5);
         let err = store.create_token(&new, &event).await.unwrap_err();

@@ -12,10 +12,11 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use countersign_server::gate::GatewayCall;
-use countersign_server::held::{self, LocalGate, Verdict};
+use countersign_server::held::{self, Verdict};
 use serde_json::{Map, Value, json};
 
 use crate::config::Config;
+use crate::remote::RemoteArgs;
 use crate::runtime;
 
 /// Below Claude Code's and Cursor's own hook timeouts (60 s by their older documented
@@ -39,6 +40,8 @@ pub struct HookArgs {
     /// Which coding agent runs this hook.
     #[arg(value_enum)]
     pub client: Client,
+    #[command(flatten)]
+    pub remote: RemoteArgs,
     /// Seconds to wait for a decision before denying (and withdrawing the request).
     /// Keep it below the client's own hook timeout.
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_TIMEOUT_SECONDS)]
@@ -77,9 +80,8 @@ pub async fn run(config: &Config, args: &HookArgs) -> anyhow::Result<ExitCode> {
         Client::Cursor => "cursor",
     };
     // The log's integration is left to the next process that runs it (serve, mcp).
-    let (gate, who, shutdown) =
-        runtime::open_agent(config, args.agent_name.as_deref(), false).await?;
-    let local = LocalGate { gate, who };
+    let (gate, _, shutdown) =
+        runtime::open_gateway(config, &args.remote, args.agent_name.as_deref(), false).await?;
     let gateway_call = GatewayCall {
         upstream: upstream.into(),
         tool: call.tool.clone(),
@@ -91,7 +93,7 @@ pub async fn run(config: &Config, args: &HookArgs) -> anyhow::Result<ExitCode> {
     };
     let instance = format!("hook-{}", std::process::id());
     let verdict = held::ask(
-        &local,
+        gate.as_ref(),
         &gateway_call,
         &instance,
         &mut |_, _| {},

@@ -24,6 +24,17 @@ use crate::Command;
 use crate::config::{Config, Overrides};
 
 pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitCode> {
+    let remote = match &command {
+        Command::Mcp(args) => args.remote.server.is_some(),
+        Command::Hook(args) => args.remote.server.is_some(),
+        Command::Proxy(args) => args.remote.server.is_some(),
+        _ => false,
+    };
+    if remote && overrides.data_dir.is_some() {
+        anyhow::bail!(
+            "give --data-dir or --server, not both: --server asks a running serve, which keeps its own data"
+        );
+    }
     let config = Config::load(&overrides)?;
     match command {
         Command::Serve(_) => {

@@ -3,17 +3,17 @@
 //! upstream's). docs/gateway.md.
 
 use std::process::ExitCode;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use countersign_server::held::{Approvals, LocalGate};
+use countersign_server::held::MAX_HOLD_SECONDS;
 use countersign_server::mcp::gateway::{GatewayService, GatewaySettings, Upstream};
 use rmcp::ServiceExt;
 use rmcp::transport::TokioChildProcess;
 
 use crate::config::Config;
+use crate::remote::RemoteArgs;
 use crate::runtime;
 
 /// The longest a held call may wait, by default (a person has this long to decide).
@@ -23,6 +23,8 @@ const DEFAULT_FORWARD_SECONDS: u64 = 300;
 
 #[derive(Debug, Args)]
 pub struct ProxyArgs {
+    #[command(flatten)]
+    pub remote: RemoteArgs,
     /// The name this agent's requests are recorded under (default: the OS user).
     #[arg(long, value_name = "NAME")]
     pub agent_name: Option<String>,
@@ -49,12 +51,12 @@ pub struct ProxyArgs {
 }
 
 pub async fn run(config: &Config, args: &ProxyArgs) -> anyhow::Result<ExitCode> {
-    if args.hold == 0 || args.hold > 7 * 24 * 3600 {
-        anyhow::bail!("--hold: give between 1 and 604800 seconds");
+    if args.hold == 0 || args.hold > MAX_HOLD_SECONDS {
+        anyhow::bail!("--hold: give between 1 and {MAX_HOLD_SECONDS} seconds");
     }
     let name = upstream_name(args)?;
-    let (gate, principal, shutdown) =
-        runtime::open_agent(config, args.agent_name.as_deref(), true).await?;
+    let (gate, who, shutdown) =
+        runtime::open_gateway(config, &args.remote, args.agent_name.as_deref(), true).await?;
     let upstream = launch(&name, !args.untrusted, &args.command).await?;
     let instance = format!("proxy-{}", random_hex()?);
     let settings = GatewaySettings {
@@ -63,16 +65,15 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> anyhow::Result<ExitCode> 
         instance,
         forward_timeout: Duration::from_secs(args.forward_timeout.max(1)),
     };
-    tracing::info!(agent = %principal.id, upstream = %name, "gateway serving MCP over stdio");
-    let local = LocalGate {
-        gate: gate.clone(),
-        who: principal,
-    };
-    let swept = local.sweep(&name, settings.forward_timeout).await?;
+    tracing::info!(%who, upstream = %name, "gateway serving MCP over stdio");
+    let swept = gate
+        .sweep(&name, settings.forward_timeout)
+        .await
+        .map_err(|e| anyhow::anyhow!("{}: {}", e.code(), e.public_message()))?;
     if swept > 0 {
         tracing::warn!(upstream = %name, swept, "forwards left without an outcome by an earlier gateway are recorded as unknown");
     }
-    let service = GatewayService::new(vec![upstream], Arc::new(local), settings);
+    let service = GatewayService::new(vec![upstream], gate, settings);
     let running = service
         .clone()
         .serve(rmcp::transport::stdio())

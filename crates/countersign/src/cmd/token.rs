@@ -25,7 +25,9 @@ pub enum TokenCommand {
         #[arg(long, value_name = "WHEN")]
         expires: Option<String>,
         /// What it may reach, comma-separated, within its role: request, rooms,
-        /// evidence, verify, redeem, decide, admin. Without it, all its role may.
+        /// evidence, verify, redeem, gateway, decide, admin. Without it, all its role may
+        /// but `gateway`, which an agent token has only when named (a token for a remote
+        /// `proxy`, `hook` or `exec`: docs/gateway.md).
         #[arg(long, value_name = "LIST", value_parser = Scopes::parse_list)]
         scopes: Option<Scopes>,
     },

@@ -26,6 +26,9 @@ const KEYS: &[&str] = &[
     "COUNTERSIGN_SLACK_BOT_TOKEN",
     "COUNTERSIGN_SLACK_SIGNING_SECRET",
     "COUNTERSIGN_SMTP_PASSWORD",
+    // The remote client's (`mcp`, `proxy`, `hook` with --server), read by clap.
+    "COUNTERSIGN_SERVER",
+    "COUNTERSIGN_TOKEN_FILE",
 ];
 
 /// Variables of the test suites, which run the binary with their own settings around.

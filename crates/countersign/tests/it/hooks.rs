@@ -240,3 +240,111 @@ async fn input_the_hook_cannot_read_blocks_the_call() {
         assert!(stderr.contains(says), "{stderr}");
     }
 }
+
+/// Starts `countersign hook claude-code --server URL --token-file F`, with no data
+/// directory of its own (the one it would default to must stay untouched).
+fn start_remote_hook(
+    home: &Path,
+    server: &common::Server,
+    token_file: &Path,
+    input: &str,
+    timeout: &str,
+) -> tokio::process::Child {
+    let mut cmd = common::bare_command();
+    cmd.env("HOME", home)
+        .env("XDG_DATA_HOME", home.join("xdg"))
+        .env("COUNTERSIGN_SERVER", &server.base)
+        .env("COUNTERSIGN_TOKEN_FILE", token_file)
+        .args(["hook", "claude-code", "--timeout", timeout])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd.spawn().expect("start countersign hook");
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_string();
+    tokio::spawn(async move {
+        stdin.write_all(input.as_bytes()).await.unwrap();
+    });
+    child
+}
+
+#[tokio::test]
+async fn claude_code_hook_against_a_remote_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let approver = common::create_token(&data, "approver", "alice").await;
+    let agent = common::create_token(&data, "agent", "laptop").await;
+    let gateway = run_ok(
+        &data,
+        &[
+            "token",
+            "create",
+            "--role",
+            "agent",
+            "--name",
+            "laptop-gw",
+            "--scopes",
+            "request,gateway",
+        ],
+    )
+    .await
+    .trim()
+    .to_string();
+    let server = common::Server::start(&data);
+    let home = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&home).unwrap();
+    let agent_file = home.join("agent.token");
+    std::fs::write(&agent_file, &agent).unwrap();
+    let gateway_file = home.join("gateway.token");
+    std::fs::write(&gateway_file, format!("{gateway}\n")).unwrap();
+    let bash = fixture("claude-code/pretooluse-bash.json");
+    let remote_pending = || async {
+        let (_, body) = server
+            .get("/api/v1/requests?status=pending", Some(&approver))
+            .await;
+        body["requests"].as_array().cloned().unwrap_or_default()
+    };
+
+    // An agent's own token cannot speak for a gateway: denied, nothing asked.
+    let hook = start_remote_hook(&home, &server, &agent_file, &bash, "30");
+    let denied = answer(hook).await;
+    let (verdict, reason) = decision(&denied);
+    assert_eq!(verdict, "deny", "{denied}");
+    assert!(reason.contains("gateway scope"), "{reason}");
+    assert!(remote_pending().await.is_empty());
+
+    // The gateway's token: held on the server, approved there, allowed here.
+    let hook = start_remote_hook(&home, &server, &gateway_file, &bash, "30");
+    let mut held = Vec::new();
+    for _ in 0..300 {
+        held = remote_pending().await;
+        if !held.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(held.len(), 1, "{held:?}");
+    assert_eq!(held[0]["requested_by"], "token:laptop-gw");
+    assert_eq!(held[0]["action_details"]["/command"], "\"npm test\"");
+    let id = held[0]["request_id"].as_str().unwrap().to_string();
+    let (status, body) = server.decide(&id, &approver, "approved").await;
+    assert!(status.is_success(), "{body}");
+    let allowed = answer(hook).await;
+    let (verdict, reason) = decision(&allowed);
+    assert_eq!(verdict, "allow", "{allowed}");
+    assert!(reason.contains(&id), "{reason}");
+    let view = server.request_view(&approver, &id).await;
+    assert!(!view["used"].is_null(), "claimed for its one use: {view}");
+
+    // A timeout withdraws the request on the server.
+    let write = fixture("claude-code/pretooluse-write.json");
+    let hook = start_remote_hook(&home, &server, &gateway_file, &write, "2");
+    let late = answer(hook).await;
+    let (verdict, reason) = decision(&late);
+    assert_eq!(verdict, "deny", "{late}");
+    assert!(reason.contains("not approved in time"), "{reason}");
+    assert!(remote_pending().await.is_empty());
+
+    // The hook opened no data directory of its own.
+    assert!(!home.join("xdg").exists() && !home.join(".local").exists());
+}
