@@ -49,6 +49,9 @@ enum Command {
     /// A coding agent's pre-tool hook (Claude Code, Cursor): ask, wait, answer allow or
     /// deny (docs/gateway.md).
     Hook(cmd::hook::HookArgs),
+    /// Run a command only once approved: exactly that command line (program, argv,
+    /// directory, environment names); its exit code is recorded (docs/gateway.md).
+    Exec(cmd::exec::ExecArgs),
     /// Create, list and revoke bearer tokens.
     #[command(subcommand)]
     Token(cmd::token::TokenCommand),

@@ -254,8 +254,9 @@ fn gateway_only(who: &Principal) -> Result<(), GateError> {
     }
 }
 
-/// The call's key among `who`'s requests: a hash of the session, the upstream, the tool
-/// and the canonical arguments.
+/// The call's key among `who`'s requests: a hash of the session, the upstream, the tool,
+/// the canonical arguments and the description (the same call described otherwise is
+/// another request, never an idempotency mismatch).
 fn join_key(who: &Principal, call: &GatewayCall) -> String {
     let arguments =
         serde_json_canonicalizer::to_vec(&call.arguments).unwrap_or_else(|_| b"{}".to_vec());
@@ -266,6 +267,7 @@ fn join_key(who: &Principal, call: &GatewayCall) -> String {
         call.upstream.as_bytes(),
         call.tool.as_bytes(),
         &arguments,
+        call.description.as_deref().unwrap_or("").as_bytes(),
     ] {
         hash.update((part.len() as u64).to_be_bytes());
         hash.update(part);

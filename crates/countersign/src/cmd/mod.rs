@@ -4,6 +4,7 @@
 pub mod decide;
 pub mod demo;
 pub mod doctor;
+pub mod exec;
 pub mod grant;
 pub mod hook;
 pub mod keys;
@@ -28,6 +29,7 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
         Command::Mcp(args) => args.remote.server.is_some(),
         Command::Hook(args) => args.remote.server.is_some(),
         Command::Proxy(args) => args.remote.server.is_some(),
+        Command::Exec(args) => args.remote.server.is_some(),
         _ => false,
     };
     if remote && overrides.data_dir.is_some() {
@@ -52,6 +54,10 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
         Command::Proxy(args) => {
             init_logging("warn");
             proxy::run(&config, &args).await
+        }
+        Command::Exec(args) => {
+            init_logging("warn");
+            exec::run(&config, &args).await
         }
         Command::Token(command) => token::run(&config, command).await,
         Command::Grant(command) => grant::run(&config, command).await,

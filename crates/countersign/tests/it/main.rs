@@ -15,6 +15,7 @@ mod browser;
 mod channels;
 mod cli;
 mod evidence;
+mod exec;
 mod external_clients;
 mod grants;
 mod hooks;
