@@ -19,6 +19,10 @@ create`), starts `countersign serve --listen 127.0.0.1:0`, and runs:
 - the MCP gateway (gateway.py): `countersign proxy` in front of an upstream made with the
   official SDK (upstream_server.py), launched by the official client: passes, holds,
   approvals, rejections, timeouts, many calls at once, kill -9 while held and forwarding;
+- the gateway `serve` runs (served_gateway.py): a second serve with a [[gateway]] of three
+  upstreams (stdio, Streamable HTTP, the npm filesystem server), called over HTTP by the
+  official client with several agent tokens, kill -9 of serve while held and forwarding,
+  and `proxy --server` against that second serve;
 - verify_log: an independent verifier of the transparency log and evidence bundles,
   written from docs/log-format.md (Merkle self-check against RFC 9162 vectors; every entry,
   inclusion and consistency proof and checkpoint of the live log; bundles, full mode and a
@@ -41,6 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gateway  # noqa: E402
+import served_gateway  # noqa: E402
 import mcp_clients  # noqa: E402
 import verify_log  # noqa: E402
 import verify_proof  # noqa: E402
@@ -116,6 +121,7 @@ def main() -> int:
                 ("room and account events (independent verifier)", lambda: verify_log.test_rooms_and_accounts(ctx, results)),
                 ("policy and fallback proofs (independent verifier)", lambda: mcp_clients.test_policy_proofs(ctx, results)),
                 ("MCP gateway in front of an upstream made with the official SDK", lambda: gateway.test_gateway(ctx, results)),
+                ("MCP gateway run by serve ([[gateway]], /mcp/gateway/<name>)", lambda: served_gateway.test_served_gateway(ctx, results)),
             ]
         )
         results.run("the whole log after every test (independent verifier)", lambda: verify_log.test_whole_log_at_the_end(ctx, results))

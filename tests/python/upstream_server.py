@@ -2,8 +2,9 @@
 (`mcp` 2.x, tests/python/requirements.txt). countersign's MCP gateway launches it over stdio
 and proxies calls to it.
 
-Run it as `python upstream_server.py`, with the environment variable UPSTREAM_DIR naming
-the directory that holds the notes (created if it is missing). It serves:
+Run it as `python upstream_server.py` (stdio), or `python upstream_server.py --http PORT`
+(Streamable HTTP at http://127.0.0.1:PORT/mcp), with the environment variable UPSTREAM_DIR
+naming the directory that holds the notes (created if it is missing). It serves:
 
 - tool `read_note(name)`, annotated readOnlyHint=true: the text of the file UPSTREAM_DIR/NAME,
   or "(none)" if there is no such file.
@@ -24,6 +25,7 @@ not "calls.log". Any other name makes the tool return an error result (isError) 
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import anyio
@@ -122,4 +124,7 @@ def summarize(name: str) -> str:
 
 if __name__ == "__main__":
     notes_dir()  # fail at start, not on the first call, when UPSTREAM_DIR is missing
-    server.run("stdio")
+    if len(sys.argv) == 3 and sys.argv[1] == "--http":
+        server.run("streamable-http", host="127.0.0.1", port=int(sys.argv[2]))
+    else:
+        server.run("stdio")

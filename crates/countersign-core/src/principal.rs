@@ -175,6 +175,21 @@ impl Principal {
         self
     }
 
+    /// The same agent, its calls passing through a gateway that this server itself runs
+    /// (`/mcp/gateway/<name>` on `serve`): the server forwards them, so it, not the
+    /// credential, speaks for the gateway. Only an agent that may ask (`request`) calls
+    /// through one; anyone else is refused with the reason.
+    pub fn through_served_gateway(mut self) -> Result<Self, crate::CoreError> {
+        if self.role != Role::Agent || !self.may(Scope::Request) {
+            return Err(crate::CoreError::Forbidden(format!(
+                "{} ({} credential, scopes {}) may not call tools through a gateway: that needs an agent token with the request scope",
+                self.id, self.role, self.scopes
+            )));
+        }
+        self.scopes = Scopes::of(self.scopes.iter().chain([Scope::Gateway]));
+        Ok(self)
+    }
+
     /// Whether this principal may reach what `scope` covers.
     pub fn may(&self, scope: Scope) -> bool {
         self.scopes.contains(scope) && self.role.scopes().contains(scope)
@@ -259,6 +274,24 @@ pub struct Approver {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_an_agent_that_may_ask_calls_through_a_served_gateway() {
+        let agent = Principal::from_token("bot", Role::Agent);
+        assert!(!agent.may(Scope::Gateway), "not by default");
+        let through = agent.clone().through_served_gateway().unwrap();
+        assert!(through.may(Scope::Gateway) && through.may(Scope::Request));
+        assert_eq!(through.id, agent.id);
+        let rooms_only = agent.with_scopes(&Scopes::of([Scope::Rooms]));
+        let err = rooms_only.through_served_gateway().unwrap_err();
+        assert!(err.to_string().contains("request scope"), "{err}");
+        for role in [Role::Approver, Role::Admin, Role::Executor] {
+            let err = Principal::from_token("x", role)
+                .through_served_gateway()
+                .unwrap_err();
+            assert!(err.to_string().contains(role.as_str()), "{err}");
+        }
+    }
 
     #[test]
     fn only_principals_with_the_decide_scope_decide() {

@@ -21,6 +21,9 @@ use crate::error::GateError;
 /// How many finished requests one call's key may step over before it is refused (a
 /// session that repeats one call this often should start a new session).
 const MAX_ATTEMPTS: u32 = 1000;
+/// How the instances of the gateways `serve` runs name themselves in their claims
+/// (`serve:<gateway>:<random>`), apart from `proxy`, `hook` and `exec` processes.
+pub const SERVED_INSTANCE_PREFIX: &str = "serve:";
 /// How much longer than the call's hold its request lives: the holder withdraws it when
 /// the hold ends (cancelled), and the store's expiry is only the backstop for a holder
 /// that died.
@@ -183,9 +186,59 @@ impl Gate {
         older_than: Duration,
     ) -> Result<usize, GateError> {
         gateway_only(who)?;
+        self.sweep(Some(who.id.clone()), older_than, |request, claimed_by| {
+            // A gateway `serve` runs sweeps its own forwards (sweep_served).
+            let ours = !claimed_by.starts_with(SERVED_INSTANCE_PREFIX)
+                && request
+                    .action
+                    .details
+                    .get(countersign_core::arguments::UPSTREAM_DETAIL)
+                    .is_some_and(|u| u == upstream);
+            ours.then(|| who.clone())
+        })
+        .await
+    }
+
+    /// The same for the gateways this server runs (`/mcp/gateway/<name>`): every agent's
+    /// forwards claimed by an instance whose name starts with `instance_prefix`
+    /// (`serve:<gateway>:`: that
+    /// gateway on this or another `serve` of the same database), claimed more than
+    /// `older_than` ago (longer than a live instance waits for an upstream) with no
+    /// outcome. The outcome is recorded for the agent, as the gateway records it.
+    pub async fn sweep_served(
+        &self,
+        instance_prefix: &str,
+        older_than: Duration,
+    ) -> Result<usize, GateError> {
+        self.sweep(None, older_than, |request, claimed_by| {
+            if !claimed_by.starts_with(instance_prefix) {
+                return None;
+            }
+            let requester = &request.requested_by;
+            Principal::new(
+                requester.id.clone(),
+                &requester.display_name,
+                countersign_core::Role::Agent,
+                requester.auth_method,
+            )
+            .through_served_gateway()
+            .ok()
+        })
+        .await
+    }
+
+    /// Records `unknown` for the approved requests (of `requested_by`, or anyone's) whose
+    /// forward was claimed more than `older_than` ago and has no outcome, where `ours`
+    /// (given the request and who claimed it) names whom to record it as.
+    async fn sweep(
+        &self,
+        requested_by: Option<String>,
+        older_than: Duration,
+        ours: impl Fn(&ApprovalRequest, &str) -> Option<Principal>,
+    ) -> Result<usize, GateError> {
         let query = countersign_store::RequestQuery {
             status: Some(Status::Approved),
-            requested_by: Some(who.id.clone()),
+            requested_by,
             limit: 1000,
         };
         let now = self.now();
@@ -195,27 +248,32 @@ impl Gate {
             let Some(action) = &request.action_record else {
                 continue;
             };
-            let ours = request
-                .action
-                .details
-                .get(countersign_core::arguments::UPSTREAM_DETAIL)
-                .is_some_and(|u| u == upstream)
-                && action.details.contains_key("forwarded_by");
-            if !ours
-                || request.outcome.is_some()
+            let Some(claimed_by) = action.details.get("forwarded_by") else {
+                continue;
+            };
+            if request.outcome.is_some()
                 || now.millis().saturating_sub(action.recorded_at.millis()) < cutoff
             {
                 continue;
             }
+            let Some(recorder) = ours(&request, claimed_by) else {
+                continue;
+            };
+            let upstream = request
+                .action
+                .details
+                .get(countersign_core::arguments::UPSTREAM_DETAIL)
+                .map_or("the upstream", String::as_str);
             let summary = format!(
-                "no outcome: {} stopped before {upstream} answered; whether the call ran is unknown, and it was not sent again",
-                action
-                    .details
-                    .get("forwarded_by")
-                    .map_or("the gateway", String::as_str)
+                "no outcome: {claimed_by} stopped before {upstream} answered; whether the call ran is unknown, and it was not sent again"
             );
             match self
-                .forwarded(who, request.id.as_str(), OutcomeStatus::Unknown, summary)
+                .forwarded(
+                    &recorder,
+                    request.id.as_str(),
+                    OutcomeStatus::Unknown,
+                    summary,
+                )
                 .await
             {
                 Ok(_) => swept += 1,

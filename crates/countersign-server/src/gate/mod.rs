@@ -39,7 +39,7 @@ use crate::rooms::Rooms;
 pub use batch::{Batch, MAX_BATCH_DECISIONS};
 pub use builder::{GateBuilder, Keys};
 pub use evidence::{EvidenceTurn, Redeemed, ReviewerSettings};
-pub use gateway::{Gated, GatewayCall, Via};
+pub use gateway::{Gated, GatewayCall, SERVED_INSTANCE_PREFIX, Via};
 pub use grants::{DEFAULT_GRANT_SECONDS, GrantTerms};
 pub use keys::Trusted;
 pub use policy::{

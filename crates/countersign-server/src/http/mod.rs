@@ -36,7 +36,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::middleware::from_fn;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{any, get, post};
 use check::{AsyncCheckLayer, CheckLayer};
 use countersign_core::Scope;
 use rmcp::transport::streamable_http_server::session::never::NeverSessionManager;
@@ -45,6 +45,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::error::GateError;
 use crate::gate::Gate;
+use crate::mcp::gateway::GatewayService;
 use crate::mcp::{Identity, McpService};
 use crate::notify::NotifyConfig;
 
@@ -171,6 +172,18 @@ pub fn with_channels(router: Router, config: &NotifyConfig) -> Result<Router, Ga
 /// The whole HTTP surface: `/mcp`, `/api/v1`, the dashboard, Slack and email links,
 /// `/healthz`, `/.well-known/jwks.json`.
 pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken) -> Router {
+    router_with_gateways(gate, config, shutdown, Vec::new())
+}
+
+/// The same, with the MCP gateways this server runs, each at `/mcp/gateway/<name>`
+/// (docs/gateway.md): an agent token with the `request` scope calls the upstreams' tools
+/// through the gate, the server forwarding what is approved.
+pub fn router_with_gateways(
+    gate: Arc<Gate>,
+    config: &HttpConfig,
+    shutdown: CancellationToken,
+    gateways: Vec<(String, GatewayService)>,
+) -> Router {
     let state = AppState {
         gate: gate.clone(),
         hosts: Arc::new(guard::HostPolicy::new(&config.allowed_hosts)),
@@ -191,11 +204,23 @@ pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken)
     let mcp = StreamableHttpService::new(
         move || Ok(mcp_service.clone()),
         Arc::new(NeverSessionManager::default()),
-        mcp_config,
+        mcp_config.clone(),
     );
+    let mut served = Router::new()
+        .route("/mcp/gateway/{name}", any(no_gateway))
+        .route("/mcp/gateway/{name}/{*rest}", any(no_gateway));
+    for (name, service) in gateways {
+        let gateway = StreamableHttpService::new(
+            move || Ok(service.clone()),
+            Arc::new(NeverSessionManager::default()),
+            mcp_config.clone(),
+        );
+        served = served.nest_service(&format!("/mcp/gateway/{name}"), gateway);
+    }
     let token_surface = Router::new()
         .nest("/api/v1", token_routes().merge(both_surfaces()))
         .nest_service("/mcp", mcp)
+        .merge(scoped(Scope::Request, served))
         .layer(AsyncCheckLayer(auth::RequireToken(state.clone())));
     let session_surface = Router::new()
         .nest("/ui/api", dashboard_routes().merge(both_surfaces()))
@@ -342,6 +367,17 @@ fn page_routes() -> Router<AppState> {
         .route("/email/decide", get(email_links::decide_page))
         .route("/email/api/request", post(email_links::token_request))
         .route("/email/api/decision", post(email_links::token_decision))
+}
+
+async fn no_gateway(uri: http::Uri) -> Response {
+    error::error_response(
+        http::StatusCode::NOT_FOUND,
+        "not_found",
+        format!(
+            "no gateway at {}: the gateways are the [[gateway]] sections of the server's config",
+            uri.path()
+        ),
+    )
 }
 
 async fn not_found(uri: http::Uri) -> Response {

@@ -13,67 +13,57 @@ use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, GetPromptRequestParams,
     GetPromptResponse, Implementation, ListPromptsResult, ListResourceTemplatesResult,
     ListResourcesResult, ListToolsResult, PaginatedRequestParams, ReadResourceRequestParams,
-    ReadResourceResponse, ServerCapabilities, ServerConfig, Tool,
+    ReadResourceResponse, ResultType, ServerCapabilities, ServerConfig,
 };
-use rmcp::service::{RequestContext, RunningService};
-use rmcp::{ErrorData, RoleClient, RoleServer, ServerHandler};
-use tokio::sync::RwLock;
+use rmcp::service::RequestContext;
+use rmcp::{ErrorData, RoleServer, ServerHandler};
 
-use crate::gate::GatewayCall;
-use crate::held::{self, Approvals, Verdict};
+pub use super::upstream::{Transport, Upstream};
+use crate::gate::{Gate, GatewayCall};
+use crate::held::{self, Approvals, LocalGate, Verdict};
 
 /// The separator between an upstream's name and a tool's when several are combined.
 pub const PREFIX_SEPARATOR: &str = "__";
+/// How long a held call waits for a decision, by default (a person has this long).
+pub const DEFAULT_HOLD_SECONDS: u64 = 600;
+/// How long an approved call may take upstream, by default.
+pub const DEFAULT_FORWARD_SECONDS: u64 = 300;
 /// How much of an upstream's answer the outcome's summary keeps.
 const SUMMARY_CHARS: usize = 200;
 
-/// One upstream MCP server, connected.
-pub struct Upstream {
+/// A gateway as the config names it (`[[gateway]]`, docs/gateway.md).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayConfig {
+    /// Served at `/mcp/gateway/<name>`; `countersign proxy --gateway <name>`.
     pub name: String,
-    /// Its `readOnlyHint` is believed: a read-only tool passes when no policy speaks.
-    pub trusted: bool,
-    client: RunningService<RoleClient, ()>,
-    tools: RwLock<Vec<Tool>>,
+    pub upstreams: Vec<UpstreamConfig>,
+    /// How long a call may wait for a decision.
+    pub hold: Duration,
+    /// How long an approved call may take upstream.
+    pub forward_timeout: Duration,
 }
 
-impl Upstream {
-    /// An upstream behind the connected `client`; its tools are listed now.
-    pub async fn new(
-        name: String,
-        trusted: bool,
-        client: RunningService<RoleClient, ()>,
-    ) -> Result<Self, String> {
-        let tools = client
-            .list_all_tools()
-            .await
-            .map_err(|e| format!("upstream {name}: could not list its tools: {e}"))?;
-        Ok(Self {
-            name,
-            trusted,
-            client,
-            tools: RwLock::new(tools),
-        })
-    }
+/// One upstream of a configured gateway.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpstreamConfig {
+    pub name: String,
+    pub trusted: bool,
+    pub transport: Transport,
+}
 
-    async fn refresh(&self) -> Result<Vec<Tool>, ErrorData> {
-        let tools =
-            self.client.list_all_tools().await.map_err(|e| {
-                ErrorData::internal_error(format!("upstream {}: {e}", self.name), None)
-            })?;
-        *self.tools.write().await = tools.clone();
-        Ok(tools)
-    }
-
-    async fn tool(&self, name: &str) -> Result<Option<Tool>, ErrorData> {
-        if let Some(tool) = self.tools.read().await.iter().find(|t| t.name == name) {
-            return Ok(Some(tool.clone()));
-        }
-        Ok(self.refresh().await?.into_iter().find(|t| t.name == name))
-    }
-
-    /// Stops the upstream (for a child process: closes its stdin and waits for it).
-    pub async fn close(self) {
-        let _ = self.client.cancel().await;
+impl GatewayConfig {
+    /// Its upstreams, not connected yet.
+    pub fn upstreams(&self) -> Vec<Arc<Upstream>> {
+        self.upstreams
+            .iter()
+            .map(|u| {
+                Arc::new(Upstream::new(
+                    u.name.clone(),
+                    u.trusted,
+                    u.transport.clone(),
+                ))
+            })
+            .collect()
     }
 }
 
@@ -84,36 +74,67 @@ pub struct GatewaySettings {
     pub hold: Duration,
     /// This process, as the claims of its forwards name it.
     pub instance: String,
-    /// The session retries join within (stdio: one per process).
+    /// The session retries join within (stdio: one per process; over HTTP, where the
+    /// protocol has no sessions, the caller's credential is the session).
     pub session: String,
     /// How long an approved call may take upstream; past it, its outcome is `unknown`.
     pub forward_timeout: Duration,
 }
 
+/// Whom the gateway asks, and as whom.
+#[derive(Clone)]
+pub enum Asks {
+    /// One gate for the whole process, acting as one agent: `countersign proxy` (a local
+    /// data directory, or a remote `serve` through a gateway token).
+    Fixed(Arc<dyn Approvals>),
+    /// This server's gate, acting as the agent whose token authenticated each HTTP
+    /// request (`/mcp/gateway/<name>` on `serve`): the server is the gateway.
+    Served(Arc<Gate>),
+}
+
 /// The gateway's MCP server.
 #[derive(Clone)]
 pub struct GatewayService {
-    upstreams: Arc<Vec<Upstream>>,
-    gate: Arc<dyn Approvals>,
+    upstreams: Arc<Vec<Arc<Upstream>>>,
+    asks: Asks,
     settings: GatewaySettings,
 }
 
 impl GatewayService {
-    pub fn new(
-        upstreams: Vec<Upstream>,
-        gate: Arc<dyn Approvals>,
-        settings: GatewaySettings,
-    ) -> Self {
+    pub fn new(upstreams: Vec<Arc<Upstream>>, asks: Asks, settings: GatewaySettings) -> Self {
         Self {
             upstreams: Arc::new(upstreams),
-            gate,
+            asks,
             settings,
         }
     }
 
-    /// The upstreams, once every session is done (to close them).
-    pub fn into_upstreams(self) -> Option<Vec<Upstream>> {
-        Arc::try_unwrap(self.upstreams).ok()
+    pub fn upstreams(&self) -> &[Arc<Upstream>] {
+        &self.upstreams
+    }
+
+    pub fn settings(&self) -> &GatewaySettings {
+        &self.settings
+    }
+
+    /// The gate this call is asked of, as the caller.
+    fn approvals(
+        &self,
+        context: &RequestContext<RoleServer>,
+    ) -> Result<Arc<dyn Approvals>, String> {
+        match &self.asks {
+            Asks::Fixed(approvals) => Ok(approvals.clone()),
+            Asks::Served(gate) => {
+                let who = super::http_principal(context)
+                    .ok_or("no authenticated principal on this request")?
+                    .through_served_gateway()
+                    .map_err(|e| e.to_string())?;
+                Ok(Arc::new(LocalGate {
+                    gate: gate.clone(),
+                    who,
+                }))
+            }
+        }
     }
 
     fn prefixed(&self) -> bool {
@@ -132,33 +153,52 @@ impl GatewayService {
     /// The upstream and its own tool name for the name the client called.
     fn route(&self, name: &str) -> Option<(&Upstream, String)> {
         if !self.prefixed() {
-            return self.upstreams.first().map(|u| (u, name.to_string()));
+            return self.upstreams.first().map(|u| (&**u, name.to_string()));
         }
         let (upstream, tool) = name.split_once(PREFIX_SEPARATOR)?;
         self.upstreams
             .iter()
             .find(|u| u.name == upstream)
-            .map(|u| (u, tool.to_string()))
+            .map(|u| (&**u, tool.to_string()))
     }
 
     async fn forward(
         &self,
+        gate: &dyn Approvals,
         upstream: &Upstream,
         mut request: CallToolRequestParams,
         tool: String,
         held: Option<String>,
     ) -> Result<CallToolResponse, ErrorData> {
         request.name = tool.into();
-        let answer = tokio::time::timeout(
-            self.settings.forward_timeout,
-            upstream.client.call_tool(request),
-        )
-        .await
-        .unwrap_or_else(|_| {
-            Err(rmcp::ServiceError::Timeout {
-                timeout: self.settings.forward_timeout,
+        let peer = match upstream.peer().await {
+            Ok(peer) => peer,
+            Err(reason) => {
+                // Nothing was sent: the call did not run.
+                if let Some(id) = &held {
+                    let summary = format!("not sent: {reason}");
+                    if let Err(err) = gate.outcome(id, OutcomeStatus::Failed, summary).await {
+                        tracing::warn!(request = %id, %err, "could not record the outcome of an unsent call");
+                    }
+                }
+                return Ok(tool_error(format!(
+                    "the call was not made: {reason}{}",
+                    held.map(|id| format!(" (request {id} is used up: ask again)"))
+                        .unwrap_or_default()
+                )));
+            }
+        };
+        let answer = tokio::time::timeout(self.settings.forward_timeout, peer.call_tool(request))
+            .await
+            .unwrap_or_else(|_| {
+                Err(rmcp::ServiceError::Timeout {
+                    timeout: self.settings.forward_timeout,
+                })
             })
-        });
+            .map(|mut result| {
+                complete(&mut result.result_type);
+                result
+            });
         let Some(id) = held else {
             return match answer {
                 Ok(result) => Ok(CallToolResponse::Complete(result)),
@@ -191,11 +231,18 @@ impl GatewayService {
                 )),
             ),
         };
-        if let Err(err) = self.gate.outcome(&id, status, summary).await {
+        if let Err(err) = gate.outcome(&id, status, summary).await {
             tracing::warn!(request = %id, %err, "could not record the outcome of a forwarded call");
         }
         Ok(response)
     }
+}
+
+/// Marks an upstream's result as complete: an upstream on an older protocol leaves the
+/// discriminator out, which a client on 2026-07-28 requires (rmcp strips it again for a
+/// client on an older protocol).
+fn complete(result_type: &mut Option<ResultType>) {
+    result_type.get_or_insert(ResultType::COMPLETE);
 }
 
 fn tool_error(text: String) -> CallToolResponse {
@@ -220,12 +267,12 @@ impl ServerHandler for GatewayService {
     fn get_info(&self) -> ServerConfig {
         let mut capabilities = ServerCapabilities::builder().enable_tools().build();
         for upstream in self.upstreams.iter() {
-            if let Some(info) = upstream.client.peer_info() {
+            if let Some(theirs) = upstream.capabilities() {
                 if capabilities.resources.is_none() {
-                    capabilities.resources = info.capabilities.resources.clone();
+                    capabilities.resources = theirs.resources;
                 }
                 if capabilities.prompts.is_none() {
-                    capabilities.prompts = info.capabilities.prompts.clone();
+                    capabilities.prompts = theirs.prompts;
                 }
             }
         }
@@ -261,6 +308,10 @@ impl ServerHandler for GatewayService {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let gate = match self.approvals(&context) {
+            Ok(gate) => gate,
+            Err(reason) => return Ok(tool_error(format!("forbidden: {reason}"))),
+        };
         let Some((upstream, tool)) = self.route(&request.name) else {
             return Ok(tool_error(format!("no tool named {:?}", request.name)));
         };
@@ -288,7 +339,7 @@ impl ServerHandler for GatewayService {
         let mut progress = super::progress_reporter(&context, self.settings.hold.as_secs_f64());
         let cancelled = context.ct.clone();
         let verdict = held::ask(
-            &*self.gate,
+            &*gate,
             &call,
             &self.settings.instance,
             &mut progress,
@@ -297,7 +348,7 @@ impl ServerHandler for GatewayService {
         .await;
         match verdict {
             Ok(Verdict::Forward { request: held }) => {
-                self.forward(upstream, request, tool, held).await
+                self.forward(&*gate, upstream, request, tool, held).await
             }
             Ok(Verdict::Refused { reason }) => Ok(tool_error(reason)),
             Err(err) => Ok(tool_error(format!(
@@ -315,8 +366,8 @@ impl ServerHandler for GatewayService {
     ) -> Result<ListResourcesResult, ErrorData> {
         let mut all = ListResourcesResult::default();
         for upstream in self.with(|c| c.resources.is_some()) {
-            let listed = upstream
-                .client
+            let listed = peer_of(upstream)
+                .await?
                 .list_resources(request.clone())
                 .await
                 .map_err(upstream_error(upstream))?;
@@ -332,8 +383,8 @@ impl ServerHandler for GatewayService {
     ) -> Result<ListResourceTemplatesResult, ErrorData> {
         let mut all = ListResourceTemplatesResult::default();
         for upstream in self.with(|c| c.resources.is_some()) {
-            let listed = upstream
-                .client
+            let listed = peer_of(upstream)
+                .await?
                 .list_resource_templates(request.clone())
                 .await
                 .map_err(upstream_error(upstream))?;
@@ -349,8 +400,16 @@ impl ServerHandler for GatewayService {
     ) -> Result<ReadResourceResponse, ErrorData> {
         let mut last = ErrorData::resource_not_found(format!("no resource {}", request.uri), None);
         for upstream in self.with(|c| c.resources.is_some()) {
-            match upstream.client.read_resource_once(request.clone()).await {
-                Ok(answer) => return Ok(answer),
+            let Ok(peer) = upstream.peer().await else {
+                continue;
+            };
+            match peer.read_resource_once(request.clone()).await {
+                Ok(mut answer) => {
+                    if let ReadResourceResponse::Complete(result) = &mut answer {
+                        complete(&mut result.result_type);
+                    }
+                    return Ok(answer);
+                }
                 Err(err) => last = upstream_error(upstream)(err),
             }
         }
@@ -364,8 +423,8 @@ impl ServerHandler for GatewayService {
     ) -> Result<ListPromptsResult, ErrorData> {
         let mut all = ListPromptsResult::default();
         for upstream in self.with(|c| c.prompts.is_some()) {
-            let listed = upstream
-                .client
+            let listed = peer_of(upstream)
+                .await?
                 .list_prompts(request.clone())
                 .await
                 .map_err(upstream_error(upstream))?;
@@ -389,11 +448,15 @@ impl ServerHandler for GatewayService {
             ));
         };
         request.name = name;
-        upstream
-            .client
+        let mut answer = peer_of(upstream)
+            .await?
             .get_prompt_once(request)
             .await
-            .map_err(upstream_error(upstream))
+            .map_err(upstream_error(upstream))?;
+        if let GetPromptResponse::Complete(result) = &mut answer {
+            complete(&mut result.result_type);
+        }
+        Ok(answer)
     }
 }
 
@@ -402,9 +465,17 @@ impl GatewayService {
     fn with(&self, test: impl Fn(&ServerCapabilities) -> bool) -> Vec<&Upstream> {
         self.upstreams
             .iter()
-            .filter(|u| u.client.peer_info().is_some_and(|i| test(&i.capabilities)))
+            .filter(|u| u.capabilities().is_some_and(|c| test(&c)))
+            .map(|u| &**u)
             .collect()
     }
+}
+
+async fn peer_of(upstream: &Upstream) -> Result<rmcp::service::Peer<rmcp::RoleClient>, ErrorData> {
+    upstream
+        .peer()
+        .await
+        .map_err(|e| ErrorData::internal_error(e, None))
 }
 
 fn upstream_error(upstream: &Upstream) -> impl Fn(rmcp::ServiceError) -> ErrorData + '_ {

@@ -16,6 +16,7 @@ pub mod gateway;
 mod operator;
 mod proofs;
 mod rooms;
+mod upstream;
 
 use std::sync::Arc;
 
@@ -107,6 +108,15 @@ impl IntoContents for ToolError {
     }
 }
 
+/// The principal the HTTP authentication attached to the request behind `ctx` (none over
+/// stdio).
+pub(crate) fn http_principal(ctx: &RequestContext<RoleServer>) -> Option<Principal> {
+    ctx.extensions
+        .get::<http::request::Parts>()
+        .and_then(|parts| parts.extensions.get::<Principal>())
+        .cloned()
+}
+
 /// Sends the client a progress notification (when it asked for them with a progress
 /// token) each time it is called: the seconds waited, out of `total`, and a message.
 pub(crate) fn progress_reporter(
@@ -157,15 +167,10 @@ impl McpService {
     fn caller(&self, ctx: &RequestContext<RoleServer>) -> Result<Principal, ToolError> {
         match &self.identity {
             Identity::Fixed(p) => Ok(p.clone()),
-            Identity::PerRequest => ctx
-                .extensions
-                .get::<http::request::Parts>()
-                .and_then(|parts| parts.extensions.get::<Principal>())
-                .cloned()
-                .ok_or_else(|| {
-                    GateError::Unauthenticated("no authenticated principal on this request".into())
-                        .into()
-                }),
+            Identity::PerRequest => http_principal(ctx).ok_or_else(|| {
+                GateError::Unauthenticated("no authenticated principal on this request".into())
+                    .into()
+            }),
         }
     }
 

@@ -47,6 +47,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         r.warn(warning);
     }
     check_channels(config, &mut r).await;
+    check_gateways(config, &mut r).await;
 
     let dir = &config.data_dir;
     if !dir.exists() {
@@ -246,6 +247,46 @@ fn check_tokens(config: &Config, tokens: &[countersign_core::TokenRecord], r: &m
 }
 
 /// Slack, email and webhooks: each configured channel gets an ok or FAIL line.
+/// Each `[[gateway]]` upstream started (or reached) and asked for its tools, as `serve`
+/// will; then stopped.
+async fn check_gateways(config: &Config, r: &mut Report) {
+    for gateway in &config.gateways {
+        for upstream in gateway.upstreams() {
+            let what = format!(
+                "gateway {} upstream {} ({}{})",
+                gateway.name,
+                upstream.name,
+                upstream.transport().describe(),
+                if upstream.trusted { ", trusted" } else { "" }
+            );
+            match upstream.refresh().await {
+                Ok(tools) => {
+                    let read_only = tools
+                        .iter()
+                        .filter(|t| {
+                            t.annotations
+                                .as_ref()
+                                .and_then(|a| a.read_only_hint)
+                                .unwrap_or(false)
+                        })
+                        .count();
+                    r.ok(&format!(
+                        "{what}: {} tools, {read_only} marked read-only{}",
+                        tools.len(),
+                        if upstream.trusted || read_only == 0 {
+                            ""
+                        } else {
+                            " (not trusted: they are held like the rest)"
+                        }
+                    ));
+                }
+                Err(e) => r.fail(&format!("{what}: {}", e.message)),
+            }
+            upstream.close().await;
+        }
+    }
+}
+
 async fn check_channels(config: &Config, r: &mut Report) {
     use countersign_server::notify::{Route, slack, smtp};
     let notify = &config.notify;

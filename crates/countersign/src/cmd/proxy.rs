@@ -1,25 +1,24 @@
 //! `countersign proxy -- CMD ARGS...`: the MCP gateway in front of one stdio upstream,
 //! served over stdio to the agent's client (which launches this command instead of the
-//! upstream's). docs/gateway.md.
+//! upstream's); `countersign proxy --gateway NAME`: a gateway of the config's
+//! `[[gateway]]` sections, with all its upstreams, served the same way. docs/gateway.md.
 
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use countersign_server::held::MAX_HOLD_SECONDS;
-use countersign_server::mcp::gateway::{GatewayService, GatewaySettings, Upstream};
+use countersign_server::mcp::gateway::{
+    Asks, DEFAULT_FORWARD_SECONDS, DEFAULT_HOLD_SECONDS, GatewayService, GatewaySettings,
+    Transport, Upstream,
+};
 use rmcp::ServiceExt;
-use rmcp::transport::TokioChildProcess;
 
 use crate::config::Config;
 use crate::remote::RemoteArgs;
 use crate::runtime;
-
-/// The longest a held call may wait, by default (a person has this long to decide).
-const DEFAULT_HOLD_SECONDS: u64 = 600;
-/// The longest an approved call may take upstream, by default.
-const DEFAULT_FORWARD_SECONDS: u64 = 300;
 
 #[derive(Debug, Args)]
 pub struct ProxyArgs {
@@ -28,6 +27,10 @@ pub struct ProxyArgs {
     /// The name this agent's requests are recorded under (default: the OS user).
     #[arg(long, value_name = "NAME")]
     pub agent_name: Option<String>,
+    /// Serve the gateway of this name from the config's `[[gateway]]` sections (its
+    /// upstreams, trust and timeouts), instead of one upstream given after `--`.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["name", "untrusted", "command", "hold", "forward_timeout"])]
+    pub gateway: Option<String>,
     /// The upstream's name in requests and policies (`Server::"<name>"`; default: the
     /// command's file name).
     #[arg(long, value_name = "NAME")]
@@ -46,34 +49,74 @@ pub struct ProxyArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = DEFAULT_FORWARD_SECONDS)]
     pub forward_timeout: u64,
     /// The upstream MCP server to launch, and its arguments (after `--`).
-    #[arg(last = true, required = true, value_name = "CMD")]
+    #[arg(last = true, required_unless_present = "gateway", value_name = "CMD")]
     pub command: Vec<String>,
 }
 
 pub async fn run(config: &Config, args: &ProxyArgs) -> anyhow::Result<ExitCode> {
-    if args.hold == 0 || args.hold > MAX_HOLD_SECONDS {
-        anyhow::bail!("--hold: give between 1 and {MAX_HOLD_SECONDS} seconds");
-    }
-    let name = upstream_name(args)?;
+    let (upstreams, hold, forward_timeout) = match &args.gateway {
+        Some(name) => {
+            let gateway = config
+                .gateways
+                .iter()
+                .find(|g| &g.name == name)
+                .with_context(|| {
+                    let known: Vec<&str> =
+                        config.gateways.iter().map(|g| g.name.as_str()).collect();
+                    format!(
+                        "--gateway {name}: the config has no [[gateway]] of that name ({})",
+                        if known.is_empty() {
+                            "it has none".to_string()
+                        } else {
+                            format!("it has {}", known.join(", "))
+                        }
+                    )
+                })?;
+            (gateway.upstreams(), gateway.hold, gateway.forward_timeout)
+        }
+        None => {
+            if args.hold == 0 || args.hold > MAX_HOLD_SECONDS {
+                anyhow::bail!("--hold: give between 1 and {MAX_HOLD_SECONDS} seconds");
+            }
+            let transport = Transport::Stdio {
+                command: args.command.clone(),
+                cwd: None,
+                env: Default::default(),
+                // The agent's client launched this process as its user: the upstream
+                // gets the environment it would have had without the gateway.
+                inherit_env: true,
+            };
+            let upstream = Upstream::new(upstream_name(args)?, !args.untrusted, transport);
+            (
+                vec![Arc::new(upstream)],
+                Duration::from_secs(args.hold),
+                Duration::from_secs(args.forward_timeout.max(1)),
+            )
+        }
+    };
     let (gate, who, shutdown) =
         runtime::open_gateway(config, &args.remote, args.agent_name.as_deref(), true).await?;
-    let upstream = launch(&name, !args.untrusted, &args.command).await?;
+    for upstream in &upstreams {
+        upstream.peer().await.map_err(anyhow::Error::msg)?;
+    }
     let instance = format!("proxy-{}", random_hex()?);
     let settings = GatewaySettings {
-        hold: Duration::from_secs(args.hold),
+        hold,
         session: instance.clone(),
         instance,
-        forward_timeout: Duration::from_secs(args.forward_timeout.max(1)),
+        forward_timeout,
     };
-    tracing::info!(%who, upstream = %name, "gateway serving MCP over stdio");
-    let swept = gate
-        .sweep(&name, settings.forward_timeout)
-        .await
-        .map_err(|e| anyhow::anyhow!("{}: {}", e.code(), e.public_message()))?;
-    if swept > 0 {
-        tracing::warn!(upstream = %name, swept, "forwards left without an outcome by an earlier gateway are recorded as unknown");
+    for upstream in &upstreams {
+        tracing::info!(%who, upstream = %upstream.name, "gateway serving MCP over stdio");
+        let swept = gate
+            .sweep(&upstream.name, settings.forward_timeout)
+            .await
+            .map_err(|e| anyhow::anyhow!("{}: {}", e.code(), e.public_message()))?;
+        if swept > 0 {
+            tracing::warn!(upstream = %upstream.name, swept, "forwards left without an outcome by an earlier gateway are recorded as unknown");
+        }
     }
-    let service = GatewayService::new(vec![upstream], gate, settings);
+    let service = GatewayService::new(upstreams, Asks::Fixed(gate), settings);
     let running = service
         .clone()
         .serve(rmcp::transport::stdio())
@@ -81,10 +124,8 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> anyhow::Result<ExitCode> 
         .context("the MCP client did not complete the handshake")?;
     let ended = running.waiting().await;
     shutdown.cancel();
-    if let Some(upstreams) = service.into_upstreams() {
-        for upstream in upstreams {
-            upstream.close().await;
-        }
+    for upstream in service.upstreams() {
+        upstream.close().await;
     }
     ended.context("the MCP session failed")?;
     Ok(ExitCode::SUCCESS)
@@ -134,24 +175,6 @@ fn upstream_name(args: &ProxyArgs) -> anyhow::Result<String> {
     countersign_core::token::validate_token_name(&name)
         .map_err(|e| anyhow::anyhow!("--name {name:?}: {e}"))?;
     Ok(name)
-}
-
-/// Starts the upstream and completes the MCP handshake with it.
-async fn launch(name: &str, trusted: bool, command: &[String]) -> anyhow::Result<Upstream> {
-    let (program, rest) = command
-        .split_first()
-        .context("give the upstream's command after --")?;
-    let mut cmd = tokio::process::Command::new(program);
-    cmd.args(rest);
-    let transport = TokioChildProcess::new(cmd)
-        .with_context(|| format!("could not start the upstream {program:?}"))?;
-    let client = tokio::time::timeout(Duration::from_secs(30), ().serve(transport))
-        .await
-        .with_context(|| format!("upstream {name} did not complete the MCP handshake in 30 s"))?
-        .with_context(|| format!("upstream {name} did not complete the MCP handshake"))?;
-    Upstream::new(name.to_string(), trusted, client)
-        .await
-        .map_err(anyhow::Error::msg)
 }
 
 fn random_hex() -> anyhow::Result<String> {

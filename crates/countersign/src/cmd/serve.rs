@@ -7,6 +7,8 @@ use std::sync::Arc;
 
 use countersign_server::HttpConfig;
 use countersign_server::accounts::SetupLink;
+use countersign_server::gate::SERVED_INSTANCE_PREFIX;
+use countersign_server::mcp::gateway::{Asks, GatewayService, GatewaySettings};
 use countersign_server::notify::Notifier;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -76,7 +78,16 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         max_connections: config.server.max_connections,
         trusted_proxies: config.server.trusted_proxies.clone(),
     };
-    let app = countersign_server::router(gate.clone(), &http, shutdown.clone());
+    let gateways = gateways(&gate, config)?;
+    let app = countersign_server::router_with_gateways(
+        gate.clone(),
+        &http,
+        shutdown.clone(),
+        gateways.clone(),
+    );
+    for (_, gateway) in gateways {
+        tokio::spawn(run_gateway(gate.clone(), gateway, shutdown.clone()));
+    }
     // Slack's interactivity endpoint and the email decision page need the channels.
     let app = countersign_server::with_channels(app, &config.notify)?;
     tokio::spawn(gate.clone().run_expiry(shutdown.clone()));
@@ -147,6 +158,80 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// How often (at most) the gateways' forwards left without an outcome by a stopped
+/// instance are looked for.
+const SWEEP_EVERY: Duration = Duration::from_secs(60);
+
+/// The `[[gateway]]`s of the config, each served at `/mcp/gateway/<name>` with this
+/// server's gate, as the calling agent.
+fn gateways(
+    gate: &Arc<countersign_server::Gate>,
+    config: &Config,
+) -> anyhow::Result<Vec<(String, GatewayService)>> {
+    let mut out = Vec::new();
+    for gateway in &config.gateways {
+        let mut random = [0u8; 8];
+        getrandom::fill(&mut random).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+        let settings = GatewaySettings {
+            hold: gateway.hold,
+            // Over HTTP the protocol has no sessions: retries of a token's call join.
+            session: "http".into(),
+            instance: format!(
+                "{SERVED_INSTANCE_PREFIX}{}:{}",
+                gateway.name,
+                hex::encode(random)
+            ),
+            forward_timeout: gateway.forward_timeout,
+        };
+        let service =
+            GatewayService::new(gateway.upstreams(), Asks::Served(gate.clone()), settings);
+        out.push((gateway.name.clone(), service));
+    }
+    Ok(out)
+}
+
+/// Connects a gateway's upstreams (one that is down is tried again when a call needs
+/// it), records `unknown` for the forwards a stopped instance of it left without an
+/// outcome, now and every minute, and stops the upstreams at shutdown.
+async fn run_gateway(
+    gate: Arc<countersign_server::Gate>,
+    gateway: GatewayService,
+    shutdown: CancellationToken,
+) {
+    for upstream in gateway.upstreams() {
+        match upstream.peer().await {
+            Ok(_) => tracing::info!(upstream = %upstream.name, "gateway upstream connected"),
+            Err(reason) => eprintln!("warning: {reason} (tried again when a call needs it)"),
+        }
+    }
+    let settings = gateway.settings();
+    let prefix = settings
+        .instance
+        .rsplit_once(':')
+        .map_or(settings.instance.as_str(), |(head, _)| head);
+    let prefix = format!("{prefix}:");
+    // A live instance gives up on an upstream after the forward timeout and records the
+    // outcome itself; only what is older than that, and a margin more, was left behind.
+    let every = SWEEP_EVERY.min(settings.forward_timeout);
+    let older_than = settings.forward_timeout + every;
+    loop {
+        match gate.sweep_served(&prefix, older_than).await {
+            Ok(0) => {}
+            Ok(swept) => {
+                tracing::warn!(swept, gateway = %prefix, "forwards left without an outcome by a stopped instance are recorded as unknown")
+            }
+            Err(err) => tracing::warn!(%err, "could not sweep the gateway's forwards"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(every) => {}
+        }
+    }
+    for upstream in gateway.upstreams() {
+        upstream.close().await;
+    }
 }
 
 async fn wait_for_signal() {

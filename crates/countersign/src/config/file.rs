@@ -40,6 +40,9 @@ pub struct FileConfig {
     pub groups: Option<BTreeMap<String, Vec<String>>>,
     pub rooms: Option<super::guards::RoomsSection>,
     pub limits: Option<super::guards::LimitsSection>,
+    /// The MCP gateways `serve` runs (docs/gateway.md).
+    #[serde(default)]
+    pub gateway: Vec<super::gateway::GatewaySection>,
 }
 
 /// The keys about the HTTP server, resolved together into the server's `HttpConfig`.

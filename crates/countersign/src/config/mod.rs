@@ -11,6 +11,7 @@ mod channels;
 mod database;
 mod env;
 mod file;
+mod gateway;
 mod guards;
 
 use std::collections::BTreeMap;
@@ -83,6 +84,8 @@ pub struct Config {
     pub audit_interval: Option<std::time::Duration>,
     /// `[policy]`: the Cedar policy files and their zone; `None`: no policies.
     pub policy: Option<countersign_server::gate::PolicySettings>,
+    /// `[[gateway]]`: the MCP gateways `serve` runs.
+    pub gateways: Vec<countersign_server::mcp::gateway::GatewayConfig>,
 }
 
 /// `[server]`, resolved: each default is the server's (`HttpConfig`, `Settings`).
@@ -150,6 +153,7 @@ impl Config {
             groups,
             rooms,
             limits,
+            gateway,
         } = file;
 
         let listen = listen_address(overrides, &env, listen)?;
@@ -169,6 +173,7 @@ impl Config {
         let reviewer = reviewer(review, &mut warnings)?;
         let audit_interval = audit_interval(&env, audit)?;
         let policy = policy_settings(policy, config_file.as_deref())?;
+        let gateways = gateway::resolve(gateway, config_file.as_deref())?;
         let database = database::resolve(overrides, &env, database_url, &data_dir)?;
         let feed_poll_ms = database::feed_poll_ms(&env, feed_poll_ms, &database)?;
         let keys_dir = env
@@ -191,6 +196,7 @@ impl Config {
         let guards = guards::resolve(groups, identities, rooms, limits)?;
         notify.digest = guards.digest;
         Ok(Self {
+            gateways,
             notify,
             server,
             guards,
