@@ -1658,6 +1658,42 @@ test("batch: one confirmation approves many requests, each with its own proof; o
 
 // ---- over the whole run ----------------------------------------------------------------------
 
+test("outcomes: an action whose outcome is unknown is marked in the list and explained in the detail", async () => {
+  const context = await adminContext();
+  const act = async (description, status, summary) => {
+    const id = await createRequest(description, { tool: "write_file", upstream: "files" });
+    const approved = await s.server.http("POST", `/api/v1/requests/${id}/decision`, { token: s.approverToken, json: { decision: "approved" } });
+    assert.equal(approved.status, 200, approved.text);
+    const used = await s.server.http("POST", `/api/v1/requests/${id}/actions`, { token: s.agentToken, json: { tool: "write_file", details: { forwarded_by: "serve:tools:0123" } } });
+    assert.equal(used.status, 200, used.text);
+    const outcome = await s.server.http("POST", `/api/v1/requests/${id}/outcome`, { token: s.agentToken, json: { status, summary } });
+    assert.equal(outcome.status, 200, outcome.text);
+    return id;
+  };
+  const unknown = await act("Write the quarterly report", "unknown", "no outcome: serve:tools:0123 stopped before files answered");
+  const ok = await act("Write the release notes", "succeeded", "wrote notes.md");
+  const page = await openLive(context, `/requests/${unknown}`);
+  const warn = page.locator("#detail-body .notice.warn");
+  await warn.waitFor();
+  assert.match(await warn.textContent(), /Whether this action ran is unknown.*will not be sent again/);
+  const [warnContrast] = await contrasts(page, [".notice.warn"]);
+  assert.ok(warnContrast.ratio >= 4.5, `the notice is readable: ${warnContrast.ratio}`);
+  const rows = await page.locator("#detail-body .outcome-section table.kv tr").allTextContents();
+  assert.deepEqual(rows.slice(0, 2), ["OutcomeUnknown", "Summaryno outcome: serve:tools:0123 stopped before files answered"]);
+  await page.locator("nav.side button", { hasText: "History" }).click();
+  const card = page.locator(`.card[data-id="${unknown}"]`);
+  await card.waitFor();
+  assert.equal(await card.locator(".outcome-mark.unknown").textContent(), "outcome unknown");
+  assert.equal(await page.locator(`.card[data-id="${ok}"] .outcome-mark`).count(), 0, "a known outcome is not marked");
+  const [measured] = await contrasts(page, [".card .outcome-mark.unknown"]);
+  assert.ok(measured.ratio >= 4.5, `the mark is readable: ${measured.ratio}`);
+  await page.locator(`.card[data-id="${ok}"]`).click();
+  await page.locator("#detail-body .outcome-section").waitFor();
+  assert.equal(await page.locator("#detail-body .notice.warn").count(), 0);
+  assert.match(await page.locator("#detail-body .outcome-section").textContent(), /OutcomeSucceeded/);
+  await context.close();
+});
+
 test("no page reported a CSP violation or an uncaught script error during the run", () => {
   assert.deepEqual(problems, []);
 });

@@ -122,8 +122,28 @@ function card(request) {
       request.status === "pending" ? countdown(request.expires_at) : null,
       request.why ? el("span", { class: "why-mark" }, whyMark(request.why)) : null,
       request.quorum ? el("span", { class: "quorum-mark" }, `${request.quorum.approvals.length} of ${request.quorum.required} approvals`) : null,
+      request.outcome && request.outcome.status === "unknown" ? el("span", { class: "outcome-mark unknown" }, "outcome unknown") : null,
     ),
   );
+}
+
+// ---- outcome: what came of an approved action -------------------------------------
+
+const OUTCOME_WORDS = { succeeded: "Succeeded", failed: "Failed", partial: "Partly done", unknown: "Unknown" };
+
+function outcomeSection(r) {
+  const o = r.outcome;
+  const parts = [];
+  if (o.status === "unknown") {
+    parts.push(el("div", { class: "notice warn", role: "status" },
+      "Whether this action ran is unknown: it was sent, and no answer came back (the gateway stopped, or the upstream never answered). It will not be sent again; check the system it was sent to."));
+  }
+  parts.push(kvTable([
+    ["Outcome", el("span", { class: `outcome ${o.status}` }, OUTCOME_WORDS[o.status] || o.status)],
+    ["Summary", o.summary || "—"],
+    ["Recorded", fmtTime(o.recorded_at)],
+  ]));
+  return el("div", { class: "outcome-section" }, ...parts);
 }
 
 // ---- quorum: how many approvals a request needs, and who gave them ----------------
@@ -428,6 +448,7 @@ function renderDetail(notice) {
         ["Used", r.used ? `${r.used.tool} at ${fmtTime(r.used.recorded_at)}` : "not yet"],
       ]),
     );
+    if (r.outcome) parts.push(outcomeSection(r));
   } else if (r.status !== "pending") {
     parts.push(el("div", { class: "notice error" }, r.status === "timed_out" ? "Timed out without a decision: not approved." : "Cancelled by the agent."));
   }
