@@ -6,24 +6,28 @@
 //! target/release/countersign-bench wake --decisions 500
 //! target/release/countersign-bench wake --decisions 500 --database postgres://postgres@127.0.0.1/cs_bench
 //! target/release/countersign-bench throughput --clients 32 --seconds 10 --database postgres://postgres@127.0.0.1/cs_bench
+//! target/release/countersign-bench gateway
 //! ```
 //!
 //! With `--database postgres://...` the benchmarks start two `serve` instances on that
 //! database, each with a data directory of its own and one shared keys directory, as
 //! several instances behind a load balancer run.
 //!
-//! One module per benchmark ([`wake`], [`throughput`], and the figures at scale in
-//! [`scale`]); the servers they start are [`instances`], the calls they make [`client`],
-//! and [`figures`] turns measurements into percentiles.
+//! One module per benchmark ([`wake`], [`throughput`], [`gateway`], and the figures at
+//! scale in [`scale`]); the servers they start are [`instances`] (and, for the gateway,
+//! the upstream MCP server in [`upstream`], this binary's hidden `upstream` command), the
+//! calls they make [`client`], and [`figures`] turns measurements into percentiles.
 
 mod abuse;
 mod audit;
 mod client;
 mod figures;
+mod gateway;
 mod instances;
 mod policy;
 mod scale;
 mod throughput;
+mod upstream;
 mod wake;
 
 use std::path::PathBuf;
@@ -175,6 +179,37 @@ enum Bench {
         #[arg(long)]
         bin: Option<PathBuf>,
     },
+    /// The latency the MCP gateway adds, side by side in one run: one client's calls to
+    /// an upstream MCP server made directly and through the gateway in front of it, over
+    /// stdio (`countersign proxy`) and Streamable HTTP (`serve`'s /mcp/gateway/<name>).
+    /// `echo` is read-only and passes straight through; `write` is approved by a Cedar
+    /// policy (signed, logged, claimed, its outcome recorded). The rows take turns, a
+    /// block of calls each.
+    Gateway {
+        /// Measured calls per row.
+        #[arg(long, default_value_t = 2_000)]
+        calls: usize,
+        /// Calls per row before measuring.
+        #[arg(long, default_value_t = 200)]
+        warmup: usize,
+        /// Calls a row makes in its turn.
+        #[arg(long, default_value_t = 200)]
+        block: usize,
+        /// Measure stdio only (no `serve`, no HTTP upstream).
+        #[arg(long)]
+        no_http: bool,
+        /// The countersign binary (default: next to this one).
+        #[arg(long)]
+        bin: Option<PathBuf>,
+    },
+    /// The upstream MCP server the gateway benchmark fronts: `echo` (read-only) and
+    /// `write`, over stdio, or over Streamable HTTP at /mcp with --listen.
+    #[command(hide = true)]
+    Upstream {
+        /// Serve Streamable HTTP on this address (e.g. 127.0.0.1:0) instead of stdio.
+        #[arg(long, value_name = "ADDRESS")]
+        listen: Option<String>,
+    },
 }
 
 /// The countersign binary: `--bin`, or the one next to this one.
@@ -290,5 +325,25 @@ async fn main() -> anyhow::Result<()> {
             let bin = binary(bin)?;
             scale::poll(&bin, agents, rounds).await
         }
+        Bench::Gateway {
+            calls,
+            warmup,
+            block,
+            no_http,
+            bin,
+        } => {
+            let bin = binary(bin)?;
+            if calls == 0 || block == 0 {
+                bail!("--calls and --block must be at least 1");
+            }
+            let plan = gateway::Plan {
+                calls,
+                warmup,
+                block,
+                http: !no_http,
+            };
+            gateway::gateway(&bin, &plan).await
+        }
+        Bench::Upstream { listen } => upstream::serve(listen.as_deref()).await,
     }
 }
