@@ -30,7 +30,7 @@ impl Action {
     pub fn canonical_json(&self) -> Vec<u8> {
         // An object of strings always canonicalizes; the fallback keeps this infallible
         // without a panic path and can never be reached.
-        serde_json_canonicalizer::to_vec(self).unwrap_or_default()
+        crate::jcs::to_vec(self).unwrap_or_default()
     }
 
     pub fn digest(&self) -> ActionDigest {

@@ -54,7 +54,7 @@ pub fn check_published_key(key: &Jwk) -> Result<(), String> {
 
 fn statement(key: &Jwk, endorser: &str) -> Vec<u8> {
     let value = json!({"type": ENDORSEMENT_TYPE, "endorser": endorser, "key": key});
-    serde_json_canonicalizer::to_vec(&value).unwrap_or_default()
+    crate::jcs::to_vec(&value).unwrap_or_default()
 }
 
 impl Endorsement {

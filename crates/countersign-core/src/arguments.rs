@@ -75,7 +75,7 @@ fn walk(details: &mut BTreeMap<String, String>, pointer: &mut String, key: &str,
 /// RFC 8785 text of a leaf. Every JSON value canonicalizes (numbers as serde_json holds
 /// them are finite); the fallback is never reached.
 fn canonical(value: &Value) -> String {
-    serde_json_canonicalizer::to_string(value).unwrap_or_else(|_| value.to_string())
+    crate::jcs::to_string(value).unwrap_or_else(|_| value.to_string())
 }
 
 #[cfg(test)]

@@ -143,7 +143,41 @@ impl LogEntry {
     /// The entry's exact bytes: RFC 8785 canonical JSON.
     pub fn to_bytes(&self) -> Vec<u8> {
         // Maps of JSON values always canonicalize.
-        serde_json_canonicalizer::to_vec(self).unwrap_or_default()
+        self.canonical().unwrap_or_default()
+    }
+
+    /// The RFC 8785 form written member by member, in the order RFC 8785 sorts them
+    /// (`actor`, `at`, `data`, `payload`, `subject`, `type`, `v`), without first copying
+    /// the entry into a JSON value: every event is sealed this way. The unit tests hold
+    /// it to the generic canonical form of the same entry.
+    fn canonical(&self) -> Result<Vec<u8>, serde_json::Error> {
+        use crate::jcs::{write_object, write_string};
+        let optional = |text: &Option<String>, out: &mut Vec<u8>| match text {
+            Some(text) => write_string(text, out),
+            None => {
+                out.extend_from_slice(b"null");
+                Ok(())
+            }
+        };
+        let mut out = Vec::with_capacity(256);
+        out.extend_from_slice(b"{\"actor\":");
+        optional(&self.actor, &mut out)?;
+        out.extend_from_slice(b",\"at\":");
+        write_string(&self.at.to_string(), &mut out)?;
+        out.extend_from_slice(b",\"data\":");
+        write_object(&self.data, &mut out)?;
+        if let Some(payload) = &self.payload {
+            out.extend_from_slice(b",\"payload\":");
+            write_string(payload, &mut out)?;
+        }
+        out.extend_from_slice(b",\"subject\":");
+        optional(&self.subject, &mut out)?;
+        out.extend_from_slice(b",\"type\":");
+        write_string(self.kind.as_str(), &mut out)?;
+        out.extend_from_slice(b",\"v\":");
+        out.extend_from_slice(self.v.to_string().as_bytes());
+        out.push(b'}');
+        Ok(out)
     }
 
     /// The request version this entry records, for request events.
@@ -177,7 +211,7 @@ impl PayloadOpening {
 pub fn commitment(salt: &[u8], payload: &Value) -> String {
     let mut hasher = Sha256::new();
     hasher.update(salt);
-    hasher.update(serde_json_canonicalizer::to_vec(payload).unwrap_or_default());
+    hasher.update(crate::jcs::value_to_vec(payload).unwrap_or_default());
     format!("sha256:{}", hex::encode(hasher.finalize()))
 }
 
@@ -324,6 +358,47 @@ impl Event {
 mod tests {
     use super::*;
     use crate::testutil::*;
+
+    #[test]
+    fn entries_written_member_by_member_are_their_canonical_json() {
+        let at = Timestamp::from_millis(1_800_000_000_123).unwrap();
+        let mut entries = Vec::new();
+        for (actor, subject, payload) in [
+            (None, None, None),
+            (Some("token:bot"), Some("req_1"), Some("sha256:00ff")),
+            (Some("user:ünïcode \"quoted\"\n"), None, None),
+            (None, Some("room:ops/😀"), Some("x")),
+        ] {
+            let data = json!({
+                "version": 3, "status": "approved", "big": 9007199254740992u64, "neg": -7,
+                "nested": {"z": [1, "two", null, true], "\u{20ac}": {}, "a": "\u{1}"},
+                "Upper": "before lower", "\u{fb33}": 1.5,
+            });
+            let Value::Object(data) = data else {
+                unreachable!()
+            };
+            entries.push(LogEntry {
+                v: ENTRY_VERSION,
+                kind: EventKind::RequestDecided,
+                at,
+                actor: actor.map(str::to_string),
+                subject: subject.map(str::to_string),
+                data,
+                payload: payload.map(str::to_string),
+            });
+        }
+        entries.push(Event::created(&pending()).seal([1; 32]).entry);
+        for entry in entries {
+            let bytes = entry.to_bytes();
+            assert_eq!(
+                String::from_utf8(bytes.clone()).unwrap(),
+                String::from_utf8(serde_json_canonicalizer::to_vec(&entry).unwrap()).unwrap()
+            );
+            assert_eq!(bytes, crate::jcs::to_vec(&entry).unwrap());
+            let back: LogEntry = serde_json::from_slice(&bytes).unwrap();
+            assert_eq!(back, entry);
+        }
+    }
 
     #[test]
     fn sealing_commits_to_the_payload_without_revealing_it() {

@@ -18,6 +18,7 @@ pub mod event;
 pub mod evidence;
 pub mod grant;
 pub mod groups;
+pub mod jcs;
 pub mod keys;
 pub mod logcheck;
 pub mod merkle;

@@ -34,7 +34,13 @@ pub(crate) fn append(conn: &Connection, event: &EventRow) -> Result<u64, StoreEr
             .and_then(|mut stmt| stmt.execute(params![seq, salt, payload]))
             .map_err(db_err("store an event's payload"))?;
     }
-    to_u64("an appended event's number", seq)
+    let seq = to_u64("an appended event's number", seq)?;
+    crate::recent::appended(StoredEvent {
+        seq,
+        entry: event.entry.clone(),
+        bytes: event.bytes.clone(),
+    });
+    Ok(seq)
 }
 
 fn decode_rows(

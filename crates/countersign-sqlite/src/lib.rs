@@ -16,6 +16,7 @@ mod error;
 mod events;
 mod log;
 mod readers;
+mod recent;
 mod requests;
 mod schema;
 mod tokens;
@@ -84,6 +85,10 @@ pub struct SqliteStore {
     readers: Arc<Readers>,
     /// Set by [`Store::listen`]: wakes the change feed when another process commits.
     watch: std::sync::Mutex<Option<watch::DbWatch>>,
+    /// The events this process committed last, for its change feed.
+    recent: Arc<recent::Recent>,
+    /// What this store's writer writes to the poke file (watch.rs).
+    token: watch::Token,
 }
 
 impl SqliteStore {
@@ -97,11 +102,15 @@ impl SqliteStore {
         schema::create_file(path)?;
         let conn = schema::open_writer(path, options.busy_timeout)?;
         let readers = Readers::open(path.to_path_buf(), options.readers, options.busy_timeout)?;
-        let writer = Writer::start(conn, path)?;
+        let recent = Arc::new(recent::Recent::default());
+        let token = watch::new_token();
+        let writer = Writer::start(conn, path, recent.clone(), token)?;
         Ok(Self {
             path: path.to_path_buf(),
             writer,
             readers,
+            recent,
+            token,
             watch: std::sync::Mutex::new(None),
         })
     }
@@ -160,14 +169,15 @@ impl Store for SqliteStore {
         created: &SealedTransition,
         decided: &SealedTransition,
     ) -> Result<Created, StoreError> {
-        let created_row = TransitionRow::of(created)?;
+        let created_event = EventRow::of(&created.event)?;
+        let (id, version) = (created.request.id.to_string(), created.request.version);
         let decided_row = TransitionRow::of(decided)?;
-        // One job, so one savepoint in one commit: both or neither.
+        // One job, so one commit: both events or neither. The row goes in once, as
+        // decided, rather than inserted as created and then updated.
         match self
             .writer
-            .submit(move |conn| match requests::insert(conn, &created_row)? {
-                Inserted::New => requests::apply(conn, &decided_row).map(|()| Inserted::New),
-                existing => Ok(existing),
+            .submit(move |conn| {
+                requests::insert_decided(conn, (&id, version, &created_event), &decided_row)
             })
             .await?
         {
@@ -255,6 +265,34 @@ impl Store for SqliteStore {
         self.writer
             .submit(move |conn| tokens::revoke(conn, &id, at, &event))
             .await
+    }
+
+    async fn follow_events(
+        &self,
+        after: u64,
+        limit: usize,
+    ) -> Result<countersign_store::Followed, StoreError> {
+        // This process's own last commits, without reading them back (recent.rs).
+        let mut ours = self.recent.after(after, limit);
+        if ours.is_empty() && self.recent.settled().await {
+            // A commit was landing: its events may be visible already, and here now.
+            ours = self.recent.after(after, limit);
+        }
+        if !ours.is_empty() {
+            return Ok(countersign_store::Followed {
+                events: ours,
+                read: false,
+            });
+        }
+        self.recent.reading();
+        Ok(countersign_store::Followed {
+            events: self.events_after(after, limit).await?,
+            read: true,
+        })
+    }
+
+    fn changed_elsewhere(&self) -> bool {
+        self.recent.changed_elsewhere()
     }
 
     async fn events_after(&self, after: u64, limit: usize) -> Result<Vec<StoredEvent>, StoreError> {
@@ -526,7 +564,7 @@ impl Store for SqliteStore {
     /// beside `serve`) wakes the change feed at once instead of at its next poll. If the
     /// platform cannot watch files, the feed's poll is all there is: logged, not fatal.
     async fn listen(&self, on_change: countersign_store::ChangeCallback) -> Result<(), StoreError> {
-        match watch::start(&self.path, on_change) {
+        match watch::start(&self.path, self.token, self.recent.clone(), on_change) {
             Ok(w) => {
                 if let Ok(mut slot) = self.watch.lock() {
                     *slot = Some(w);

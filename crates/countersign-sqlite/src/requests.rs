@@ -24,23 +24,66 @@ pub(crate) enum Inserted {
 /// be split by another writer, in this process or another.
 pub(crate) fn insert(conn: &Connection, row: &TransitionRow) -> Result<Inserted, StoreError> {
     let request = &row.request;
-    if let Some(key) = &request.idempotency_key {
-        let existing: Option<String> = conn
-            .prepare_cached(
-                "SELECT body FROM requests WHERE requested_by = ?1 AND idempotency_key = ?2",
-            )
-            .and_then(|mut stmt| {
-                stmt.query_row(params![request.requested_by, key], |r| r.get(0))
-                    .optional()
-            })
-            .map_err(db_err("look up an idempotency key"))?;
-        if let Some(body) = existing {
-            return decode_request(&body).map(|r| Inserted::Existing(Box::new(r)));
-        }
+    if let Some(existing) = by_key(
+        conn,
+        &request.requested_by,
+        request.idempotency_key.as_deref(),
+    )? {
+        return Ok(existing);
     }
     insert_row(conn, request, "insert a request")?;
     events::append(conn, &row.event)?;
     Ok(Inserted::New)
+}
+
+/// Inserts a request decided as it was created (a policy's decision): its row as
+/// decided, the created event, then the decided one; unless its requester already used
+/// its idempotency key.
+pub(crate) fn insert_decided(
+    conn: &Connection,
+    created: (&str, u64, &countersign_store::rows::EventRow),
+    decided: &TransitionRow,
+) -> Result<Inserted, StoreError> {
+    let request = &decided.request;
+    let (id, version, created) = created;
+    // As `apply` would refuse it: the decision must be the next version of that request.
+    if request.id != id || u64::try_from(request.version).ok() != version.checked_add(1) {
+        return Err(StoreError::Backend(format!(
+            "the decision of {} (version {}) does not follow the creation of {id} (version {version})",
+            request.id, request.version
+        )));
+    }
+    let key = request.idempotency_key.as_deref();
+    if let Some(existing) = by_key(conn, &request.requested_by, key)? {
+        return Ok(existing);
+    }
+    insert_row(conn, request, "insert a request")?;
+    events::append(conn, created)?;
+    events::append(conn, &decided.event)?;
+    Ok(Inserted::New)
+}
+
+/// The request `requested_by` made with idempotency key `key`, if any.
+fn by_key(
+    conn: &Connection,
+    requested_by: &str,
+    key: Option<&str>,
+) -> Result<Option<Inserted>, StoreError> {
+    let Some(key) = key else {
+        return Ok(None);
+    };
+    let existing: Option<String> = conn
+        .prepare_cached(
+            "SELECT body FROM requests WHERE requested_by = ?1 AND idempotency_key = ?2",
+        )
+        .and_then(|mut stmt| {
+            stmt.query_row(params![requested_by, key], |r| r.get(0))
+                .optional()
+        })
+        .map_err(db_err("look up an idempotency key"))?;
+    existing
+        .map(|body| decode_request(&body).map(|r| Inserted::Existing(Box::new(r))))
+        .transpose()
 }
 
 /// Copies a request as it is, with no event (for `migrate-data`).

@@ -3,10 +3,15 @@
 //! With `synchronous = FULL` each commit costs an fsync, which caps a one-commit-per-write
 //! design at the disk's fsync rate (often a few hundred a second). So the thread takes
 //! one job, drains whatever else is queued (see `countersign_store::batch`), and runs
-//! them all in one `BEGIN IMMEDIATE … COMMIT`, each inside its own savepoint: a job that fails rolls back to its savepoint
-//! and gets its own error while the others still commit. Replies are sent only after the
-//! COMMIT, so an `Ok` always means durable; if the COMMIT fails, every job in the batch
-//! gets an error.
+//! them all in one `BEGIN IMMEDIATE … COMMIT`. A job that fails must leave nothing and
+//! get its own error while the others still commit, so when one fails the transaction is
+//! rolled back and the batch runs again with each job inside its own savepoint, where a
+//! failed job rolls back to its savepoint alone. Jobs are functions of the connection
+//! alone, so running one twice (the first run rolled back) does what running it once
+//! does. Savepoints are not the first try because they are not free: SQLite copies
+//! every page a job touches into the savepoint's journal first, and jobs rarely fail.
+//! Replies are sent only after the COMMIT, so an `Ok` always means durable; if the
+//! COMMIT fails, every job in the batch gets an error.
 //!
 //! One writer per process also means jobs never contend for SQLite's write lock among
 //! themselves; other processes on the same file wait on it through the busy timeout.
@@ -164,7 +169,8 @@ pub mod failpoints {
 /// Work for the writer thread, type-erased so that one queue carries every kind of write.
 trait WriteJob: Send {
     /// Runs inside the batch's transaction; returns whether the job succeeded, i.e.
-    /// whether its writes should stay.
+    /// whether its writes should stay. May be called again after the transaction of an
+    /// earlier call was rolled back; the last call's result is the job's.
     fn run(&mut self, conn: &Connection) -> bool;
 
     /// Replies to the caller once the batch's fate is known: `Ok(())` if it committed.
@@ -172,7 +178,7 @@ trait WriteJob: Send {
 }
 
 struct Pending<T, F> {
-    work: Option<F>,
+    work: F,
     result: Option<Result<T, StoreError>>,
     reply: Reply<T>,
 }
@@ -180,13 +186,10 @@ struct Pending<T, F> {
 impl<T, F> WriteJob for Pending<T, F>
 where
     T: Send,
-    F: FnOnce(&Connection) -> Result<T, StoreError> + Send,
+    F: Fn(&Connection) -> Result<T, StoreError> + Send,
 {
     fn run(&mut self, conn: &Connection) -> bool {
-        let Some(work) = self.work.take() else {
-            return false;
-        };
-        let result = work(conn);
+        let result = (self.work)(conn);
         let ok = result.is_ok();
         self.result = Some(result);
         ok
@@ -221,12 +224,25 @@ pub(crate) struct Writer {
 
 impl Writer {
     /// Starts the writer thread, which owns `conn` until the last `Writer` handle drops.
-    pub(crate) fn start(conn: Connection, path: &Path) -> Result<Self, StoreError> {
+    /// `recent` gets the events of each batch once it has committed.
+    pub(crate) fn start(
+        conn: Connection,
+        path: &Path,
+        recent: std::sync::Arc<crate::recent::Recent>,
+        token: crate::watch::Token,
+    ) -> Result<Self, StoreError> {
         let (jobs, batches) =
             batch::queue(format!("the SQLite writer thread for {}", path.display()));
+        // Other processes on this file learn of our commits by this file's changes
+        // (watch.rs). Without it they still see them, at their feed's next poll.
+        let poke = crate::watch::Poker::open(path, token)
+            .inspect_err(|e| {
+                tracing::warn!(error = %e, "other processes on this database will see its changes at their next poll");
+            })
+            .ok();
         std::thread::Builder::new()
             .name("countersign-sqlite-writer".into())
-            .spawn(move || run(conn, batches))
+            .spawn(move || run(conn, batches, poke, &recent))
             .map_err(|e| {
                 StoreError::Backend(format!("could not start the SQLite writer thread: {e}"))
             })?;
@@ -234,16 +250,17 @@ impl Writer {
     }
 
     /// Runs `work` in the next batch and returns its result once the batch committed.
-    /// If the caller stops waiting, the write still happens.
+    /// If the caller stops waiting, the write still happens. `work` may run more than
+    /// once (the earlier runs rolled back), so it must touch nothing but the connection.
     pub(crate) async fn submit<T, F>(&self, work: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
-        F: FnOnce(&Connection) -> Result<T, StoreError> + Send + 'static,
+        F: Fn(&Connection) -> Result<T, StoreError> + Send + 'static,
     {
         self.jobs
             .submit(|reply| -> Box<dyn WriteJob> {
                 Box::new(Pending {
-                    work: Some(work),
+                    work,
                     result: None,
                     reply,
                 })
@@ -265,41 +282,116 @@ impl Writer {
     }
 }
 
-fn run(conn: Connection, mut batches: Batches<Box<dyn WriteJob>>) {
+fn run(
+    conn: Connection,
+    mut batches: Batches<Box<dyn WriteJob>>,
+    poke: Option<crate::watch::Poker>,
+    recent: &crate::recent::Recent,
+) {
     let mut batch: Vec<Box<dyn WriteJob>> = Vec::with_capacity(MAX_BATCH);
+    // In place of SQLite's automatic checkpoint, which runs inside the COMMIT that takes
+    // the WAL past its limit: that commit's callers would wait for it, and its events
+    // would be visible before `recent` has them. The hook only counts.
+    conn.wal_hook(Some(count_frames));
     // Ends when every sender is gone, i.e. the store was dropped; queued jobs finish first.
     while batches.blocking_next(&mut batch) {
-        let committed = commit_batch(&conn, &mut batch);
-        if let Err(err) = &committed {
-            tracing::warn!(%err, jobs = batch.len(), "a write batch did not commit");
+        let committed = commit_batch(&conn, &mut batch, recent);
+        // What the batch appended is in the database now, or not at all.
+        let appended = crate::recent::take();
+        recent.landed(if committed.is_ok() {
+            appended
+        } else {
+            Vec::new()
+        });
+        match &committed {
+            Err(err) => tracing::warn!(%err, jobs = batch.len(), "a write batch did not commit"),
+            Ok(()) => {
+                if let Some(poke) = &poke {
+                    poke.poke();
+                }
+            }
         }
         for job in batch.drain(..) {
             job.finish(committed.clone());
         }
+        checkpoint_if_due(&conn);
     }
 }
 
-fn commit_batch(conn: &Connection, batch: &mut [Box<dyn WriteJob>]) -> Result<(), StoreError> {
+thread_local! {
+    /// The WAL's length in frames after the last commit, as the WAL hook reported it.
+    static WAL_FRAMES: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
+}
+
+/// As SQLite's default: a passive checkpoint once the WAL holds this many frames.
+const CHECKPOINT_FRAMES: i32 = 1000;
+
+fn count_frames(_: &rusqlite::hooks::Wal, frames: std::os::raw::c_int) -> rusqlite::Result<()> {
+    WAL_FRAMES.with(|f| f.set(frames));
+    Ok(())
+}
+
+/// Copies the WAL into the database file once it is long enough, as SQLite's automatic
+/// checkpoint does, but after the batch's replies went out. Passive: it takes what no
+/// reader still needs and never waits; what it leaves is tried again after the next
+/// commit.
+fn checkpoint_if_due(conn: &Connection) {
+    if WAL_FRAMES.with(std::cell::Cell::get) < CHECKPOINT_FRAMES {
+        return;
+    }
+    WAL_FRAMES.with(|f| f.set(0));
+    if let Err(err) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+        tracing::debug!(%err, "a checkpoint did not run; the next commit tries again");
+    }
+}
+
+fn commit_batch(
+    conn: &Connection,
+    batch: &mut [Box<dyn WriteJob>],
+    recent: &crate::recent::Recent,
+) -> Result<(), StoreError> {
+    if in_one_transaction(conn, batch, recent, |conn, job| Ok(job.run(conn)))? {
+        return Ok(());
+    }
+    // A job failed: nothing of that try stays. Again, each job in a savepoint of its own,
+    // so that only the failing ones are undone.
+    in_one_transaction(conn, batch, recent, |conn, job| {
+        run_in_savepoint(conn, job).map(|()| true)
+    })
+    .map(|_| ())
+}
+
+/// Runs every job of `batch` with `run` in one transaction, then commits it; stops and
+/// rolls back at the first job `run` says failed (`Ok(false)`) or at an error.
+fn in_one_transaction(
+    conn: &Connection,
+    batch: &mut [Box<dyn WriteJob>],
+    recent: &crate::recent::Recent,
+    run: impl Fn(&Connection, &mut dyn WriteJob) -> Result<bool, StoreError>,
+) -> Result<bool, StoreError> {
+    // A try before this one was rolled back: its events never happened.
+    crate::recent::take();
     conn.execute_batch("BEGIN IMMEDIATE")
         .map_err(db_err("begin a write transaction"))?;
     fail_point!("after_begin");
-    let result = batch
-        .iter_mut()
-        .try_for_each(|job| {
-            run_in_savepoint(conn, job.as_mut())?;
+    let result = (|| {
+        for job in batch.iter_mut() {
+            if !run(conn, job.as_mut())? {
+                return Ok(false);
+            }
             fail_point!("after_job");
-            Ok(())
-        })
-        .and_then(|()| {
-            fail_point!("before_commit");
-            conn.execute_batch("COMMIT").map_err(db_err("commit"))?;
-            // Durable now; the replies go out when this returns.
-            fail_point!("after_commit");
-            Ok(())
-        });
-    if result.is_err() && !conn.is_autocommit() {
-        // Nothing of this batch may survive a failed commit or a broken savepoint, and
-        // the next batch must start clean.
+        }
+        fail_point!("before_commit");
+        // Readers may see its events before they are in `recent`: they wait (recent.rs).
+        recent.landing();
+        conn.execute_batch("COMMIT").map_err(db_err("commit"))?;
+        // Durable now; the replies go out when this returns.
+        fail_point!("after_commit");
+        Ok(true)
+    })();
+    if !matches!(result, Ok(true)) && !conn.is_autocommit() {
+        // Nothing of a failed try, a failed commit or a broken savepoint may survive, and
+        // the next transaction must start clean.
         let _ = conn.execute_batch("ROLLBACK");
     }
     result
@@ -308,10 +400,12 @@ fn commit_batch(conn: &Connection, batch: &mut [Box<dyn WriteJob>]) -> Result<()
 fn run_in_savepoint(conn: &Connection, job: &mut dyn WriteJob) -> Result<(), StoreError> {
     conn.execute_batch("SAVEPOINT job")
         .map_err(db_err("open a savepoint"))?;
+    let mark = crate::recent::mark();
     if job.run(conn) {
         conn.execute_batch("RELEASE job")
             .map_err(db_err("release a savepoint"))
     } else {
+        crate::recent::roll_back_to(mark);
         conn.execute_batch("ROLLBACK TO job; RELEASE job")
             .map_err(db_err("roll back a failed write"))
     }
@@ -330,7 +424,10 @@ mod tests {
         let path = dir.path().join("w.db");
         create_file(&path).unwrap();
         let conn = open_writer(&path, Duration::from_secs(5)).unwrap();
-        (Arc::new(Writer::start(conn, &path).unwrap()), dir)
+        (
+            Arc::new(Writer::start(conn, &path, Default::default(), [0; 8]).unwrap()),
+            dir,
+        )
     }
 
     /// Inserts an event row with the store's own numbering.
@@ -359,7 +456,7 @@ mod tests {
             .map_err(db_err("count"))
     }
 
-    type TestJob<T> = Box<dyn FnOnce(&Connection) -> Result<T, StoreError> + Send>;
+    type TestJob<T> = Box<dyn Fn(&Connection) -> Result<T, StoreError> + Send>;
 
     /// Holds the writer busy until the jobs, submitted in the order given, are all queued,
     /// so that they form one batch.

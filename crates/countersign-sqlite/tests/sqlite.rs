@@ -159,6 +159,87 @@ async fn a_commit_by_another_handle_wakes_the_feed_without_polling() {
         slowest = slowest.max(started.elapsed());
     }
     println!("slowest cross-handle wake: {slowest:?}");
+    // The signal is the poke file beside the database, as private as the database.
+    let poke = PathBuf::from(format!("{}-poke", path.display()));
+    assert!(poke.exists(), "{}", poke.display());
+    #[cfg(unix)]
+    assert_eq!(mode(&poke), 0o600);
+}
+
+/// The feed of a process that commits too takes its own events without reading them
+/// back, and still sees every event of another process interleaved with them, in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn own_and_foreign_commits_interleaved_all_reach_the_feed_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let ours: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+    let theirs: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+    let feed = ChangeFeed::start(ours.clone(), Duration::from_secs(60))
+        .await
+        .unwrap();
+    let mut events = feed.subscribe();
+    for i in 0..40 {
+        let by = if i % 3 == 0 { &theirs } else { &ours };
+        let created = new_request(&format!("req_mix_{i}"), &agent("bot"), 0, 3600, None);
+        by.create_request(&sealed(&created)).await.unwrap();
+        if i % 3 != 0 {
+            // What the gate does after its own writes.
+            feed.poke();
+        }
+    }
+    for i in 0..40 {
+        let seen = tokio::time::timeout(Duration::from_secs(10), events.recv())
+            .await
+            .unwrap_or_else(|_| panic!("event {i} not seen within 10 s (the poll is 60 s)"))
+            .unwrap();
+        assert_eq!(seen.seq, i + 1);
+        assert_eq!(
+            seen.entry.subject.as_deref(),
+            Some(format!("req_mix_{i}").as_str())
+        );
+        // The same entry as the database holds.
+        let stored = ours.events_after(i, 1).await.unwrap();
+        assert_eq!(stored[0].bytes, seen.bytes);
+        assert_eq!(stored[0].entry, seen.entry);
+    }
+    // The committing process's own run (events 38 and 39) is answered without a read;
+    // past it the database is read when another process signalled a commit or the last
+    // read is old: here the other process's 40, and then nothing more.
+    let followed = ours.follow_events(37, 10).await.unwrap();
+    assert!(!followed.read && followed.events.iter().map(|e| e.seq).eq([38, 39]));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let followed = ours.follow_events(39, 10).await.unwrap();
+    assert!(followed.read && followed.events.iter().map(|e| e.seq).eq([40]));
+    let followed = ours.follow_events(40, 10).await.unwrap();
+    assert!(followed.read && followed.events.is_empty());
+}
+
+/// The writer checkpoints the WAL into the database file as it grows (after its replies,
+/// in place of SQLite's automatic checkpoint inside the commit).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_wal_is_checkpointed_as_it_grows() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = db_path(&dir);
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&path).unwrap());
+    let size = |p: &Path| std::fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let before = size(&path);
+    let mut i = 0;
+    // Until the database file has grown: only a checkpoint writes it.
+    while size(&path) <= before {
+        assert!(i < 20_000, "no checkpoint after {i} requests");
+        let mut set = JoinSet::new();
+        for _ in 0..50 {
+            let store = store.clone();
+            let created = new_request(&format!("req_wal_{i}"), &agent("bot"), 0, 3600, None);
+            set.spawn(async move { store.create_request(&sealed(&created)).await.unwrap() });
+            i += 1;
+        }
+        while set.join_next().await.is_some() {}
+    }
+    let wal = PathBuf::from(format!("{}-wal", path.display()));
+    println!("checkpointed after {i} requests; WAL {} bytes", size(&wal));
+    // The WAL starts over after a complete checkpoint rather than growing without end.
+    assert!(size(&wal) < 64 * 1024 * 1024, "{}", size(&wal));
 }
 
 /// Two stores on one file, as `countersign serve` and a `countersign mcp` process are.

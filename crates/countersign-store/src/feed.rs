@@ -180,19 +180,21 @@ async fn run(inner: std::sync::Weak<Inner>, store: Arc<dyn Store>, poll_interval
         }
         loop {
             let cursor = strong.cursor.load(Ordering::Acquire);
-            let batch = match store.events_after(cursor, BATCH).await {
-                Ok(batch) => batch,
+            let page = match store.follow_events(cursor, BATCH).await {
+                Ok(page) => page,
                 Err(err) => {
                     tracing::warn!(%err, "change feed could not read events; retrying");
                     break;
                 }
             };
-            let full = batch.len() == BATCH;
-            for stored in batch {
+            // This process's own events, and no other process committed since the last
+            // read: nothing more to read (the store's signal or the poll says otherwise).
+            let caught_up = page.caught_up(BATCH) || (!page.read && !store.changed_elsewhere());
+            for stored in page.events {
                 dispatch(&strong, stored);
             }
             strong.advanced.notify_waiters();
-            if !full {
+            if caught_up {
                 break;
             }
         }

@@ -68,6 +68,21 @@ pub struct StoredEvent {
     pub bytes: Vec<u8>,
 }
 
+/// An answer of [`Store::follow_events`].
+#[derive(Debug, Clone)]
+pub struct Followed {
+    pub events: Vec<StoredEvent>,
+    /// Read from the database (rather than this process's own last commits).
+    pub read: bool,
+}
+
+impl Followed {
+    /// Whether the caller has caught up: read from the database, and a short page.
+    pub fn caught_up(&self, limit: usize) -> bool {
+        self.read && self.events.len() < limit
+    }
+}
+
 impl StoredEvent {
     /// The entry's 0-based position in the transparency log.
     pub fn index(&self) -> u64 {
@@ -206,6 +221,27 @@ pub trait Store: Send + Sync + 'static {
 
     /// Events with a sequence number above `after`, in order, at most `limit`.
     async fn events_after(&self, after: u64, limit: usize) -> Result<Vec<StoredEvent>, StoreError>;
+
+    /// The same, for a reader that follows the log as it grows (the change feed, the
+    /// log's integration, the outbox): a backend may answer with the events this process
+    /// has just committed without reading them back. Such an answer is a run right after
+    /// `after`, never skipping one, but may stop short of the newest: `read` is false and
+    /// the caller asks again from its last event. With `read` true the events were read
+    /// from the database, and fewer than `limit` means there are no more yet.
+    async fn follow_events(&self, after: u64, limit: usize) -> Result<Followed, StoreError> {
+        Ok(Followed {
+            events: self.events_after(after, limit).await?,
+            read: true,
+        })
+    }
+
+    /// Whether another process may have committed since [`Store::follow_events`] last
+    /// read the database (not just answered with this process's own commits). A
+    /// follower that has taken this process's own events and sees `false` has caught
+    /// up. The default, for backends that cannot tell: always.
+    fn changed_elsewhere(&self) -> bool {
+        true
+    }
 
     /// Every event whose subject is `subject`, in order.
     async fn events_of_subject(&self, subject: &str) -> Result<Vec<StoredEvent>, StoreError>;

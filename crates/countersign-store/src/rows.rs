@@ -142,6 +142,9 @@ pub struct EventRow {
     pub bytes: Vec<u8>,
     pub salt: Option<String>,
     pub payload: Option<String>,
+    /// The entry itself, for a backend that hands the events it committed to its own
+    /// change feed without reading them back.
+    pub entry: countersign_core::LogEntry,
 }
 
 impl EventRow {
@@ -163,6 +166,7 @@ impl EventRow {
             bytes: event.bytes.clone(),
             salt,
             payload,
+            entry: event.entry.clone(),
         })
     }
 

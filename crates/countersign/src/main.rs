@@ -12,6 +12,12 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::Overrides;
 
+/// mimalloc instead of glibc's malloc: under load, serve's threads allocate and free many
+/// short-lived buffers (requests, JSON, SQLite pages) across threads, where glibc's arenas
+/// spent a sixth of the process's CPU (docs/benchmarks.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 #[derive(Debug, Parser)]
 #[command(name = "countersign", version, about = "A self-hosted approval gate for AI agents", long_about = None)]
 struct Cli {

@@ -144,7 +144,7 @@ pub struct BundleInput {
 pub struct BundleError(String);
 
 fn canonical<T: Serialize>(value: &T) -> Result<Vec<u8>, BundleError> {
-    serde_json_canonicalizer::to_vec(value).map_err(|e| BundleError(e.to_string()))
+    crate::jcs::to_vec(value).map_err(|e| BundleError(e.to_string()))
 }
 
 /// Builds the ZIP, its manifest signed by `signer` (the log's key). Deterministic: the

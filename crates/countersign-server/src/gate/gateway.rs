@@ -317,7 +317,7 @@ fn gateway_only(who: &Principal) -> Result<(), GateError> {
 /// another request, never an idempotency mismatch).
 fn join_key(who: &Principal, call: &GatewayCall) -> String {
     let arguments =
-        serde_json_canonicalizer::to_vec(&call.arguments).unwrap_or_else(|_| b"{}".to_vec());
+        countersign_core::jcs::to_vec(&call.arguments).unwrap_or_else(|_| b"{}".to_vec());
     let mut hash = Sha256::new();
     for part in [
         who.id.as_bytes(),

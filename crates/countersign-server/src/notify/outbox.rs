@@ -118,7 +118,8 @@ impl Notifier {
                 .body
                 .seq
                 .max(self.planned_through.load(Ordering::Acquire));
-            let events = self.store().events_after(from, 200).await?;
+            // Asked again from the last one until none are left.
+            let events = self.store().follow_events(from, 200).await?.events;
             let Some(last) = events.last().map(|e| e.seq) else {
                 // Caught up: write a cursor that lags behind what was planned, now and then.
                 if cursor.body.seq < from && self.cursor_due() {
