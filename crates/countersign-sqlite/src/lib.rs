@@ -11,6 +11,7 @@
 //! - Rows are encoded and decoded by `countersign_store::rows`, as for every backend;
 //!   what is SQLite's is the SQL and the parameter binding.
 
+pub mod backup;
 mod docs;
 mod error;
 mod events;

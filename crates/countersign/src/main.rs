@@ -100,6 +100,11 @@ enum Command {
     Doctor(cmd::doctor::DoctorArgs),
     /// Send a test email through the configured SMTP server.
     SendTestEmail(cmd::send_test_email::SendTestEmailArgs),
+    /// Copy the database (online, consistent, while serve runs) and the signing keys
+    /// into one archive (SQLite; docs/deployment.md).
+    Backup(cmd::backup::BackupArgs),
+    /// Restore a backup into an empty data directory and check it against its log.
+    Restore(cmd::backup::RestoreArgs),
 }
 
 fn main() -> ExitCode {

@@ -166,7 +166,7 @@ pub async fn run(config: &Config, command: LogCommand) -> anyhow::Result<ExitCod
 
 /// Recomputes the tree from the entries, and holds the database's rows and payloads to
 /// the log (`countersign_store::audit`).
-async fn verify_log(config: &Config) -> anyhow::Result<ExitCode> {
+pub(crate) async fn verify_log(config: &Config) -> anyhow::Result<ExitCode> {
     let started = Instant::now();
     if let crate::config::Database::Sqlite(db) = &config.database
         && !db.exists()

@@ -1,6 +1,7 @@
 //! The subcommands. Each returns the process exit code: 0 for success, 1 for a negative
 //! answer (an invalid proof, a failed check), 2 for an error (bad input, I/O).
 
+pub mod backup;
 pub mod decide;
 pub mod demo;
 pub mod doctor;
@@ -85,6 +86,8 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
         Command::Policy(command) => policy::run(&config, command).await,
         Command::Doctor(_) => doctor::run(&config).await,
         Command::SendTestEmail(args) => send_test_email::run(&config, &args).await,
+        Command::Backup(args) => backup::backup(&config, &args).await,
+        Command::Restore(args) => backup::restore(&config, &args).await,
         Command::Migrate => migrate::migrate(&config).await,
         Command::MigrateData(args) => migrate::migrate_data(&config, &args).await,
     }

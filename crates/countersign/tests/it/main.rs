@@ -10,6 +10,7 @@
 mod common;
 
 mod audit;
+mod backup;
 mod batch;
 mod browser;
 mod channels;
