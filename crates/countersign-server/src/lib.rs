@@ -7,6 +7,7 @@
 pub mod accounts;
 pub mod admission;
 pub mod audit;
+pub mod bridge;
 pub mod error;
 pub mod gate;
 pub mod held;

@@ -58,6 +58,10 @@ enum Command {
     /// Run a command only once approved: exactly that command line (program, argv,
     /// directory, environment names); its exit code is recorded (docs/gateway.md).
     Exec(cmd::exec::ExecArgs),
+    /// Gate a process on approval-gate-mcp's file contract (pending.json, approved.json,
+    /// records.json) without serving HTTP: the config's [[bridge]]s, or one given by
+    /// --name and --dir (docs/bridge.md). `serve` runs the config's bridges itself.
+    Bridge(cmd::bridge::BridgeArgs),
     /// Create, list and revoke bearer tokens.
     #[command(subcommand)]
     Token(cmd::token::TokenCommand),

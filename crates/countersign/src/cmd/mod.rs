@@ -1,6 +1,7 @@
 //! The subcommands. Each returns the process exit code: 0 for success, 1 for a negative
 //! answer (an invalid proof, a failed check), 2 for an error (bad input, I/O).
 
+pub mod bridge;
 pub mod decide;
 pub mod demo;
 pub mod doctor;
@@ -58,6 +59,10 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
         Command::Exec(args) => {
             init_logging("warn");
             exec::run(&config, &args).await
+        }
+        Command::Bridge(args) => {
+            init_logging("info");
+            bridge::run(&config, &args).await
         }
         Command::Token(command) => token::run(&config, command).await,
         Command::Grant(command) => grant::run(&config, command).await,

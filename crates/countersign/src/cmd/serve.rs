@@ -49,6 +49,10 @@ fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
+    // A bridge whose folder is missing stops the start, before anything listens.
+    for bridge in &config.bridges {
+        crate::config::check_bridge_dirs(bridge)?;
+    }
     let gate = runtime::open(config).await?;
     for warning in &config.warnings {
         eprintln!("warning: {warning}");
@@ -88,6 +92,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
     for (_, gateway) in gateways {
         tokio::spawn(run_gateway(gate.clone(), gateway, shutdown.clone()));
     }
+    super::bridge::spawn_local(&gate, &config.bridges, &shutdown);
     // Slack's interactivity endpoint and the email decision page need the channels.
     let app = countersign_server::with_channels(app, &config.notify)?;
     tokio::spawn(gate.clone().run_expiry(shutdown.clone()));

@@ -11,6 +11,7 @@ mod common;
 
 mod audit;
 mod batch;
+mod bridge;
 mod browser;
 mod channels;
 mod cli;
