@@ -103,12 +103,11 @@ async fn requests(server: &Server, token: &str, status: &str) -> Vec<Value> {
     body["requests"].as_array().unwrap().clone()
 }
 
+/// The id of the proposal a request carries ("" for one without).
 fn proposal_id(request: &Value) -> String {
-    serde_json::from_str::<Value>(request["action_details"]["proposal"].as_str().unwrap()).unwrap()
-        ["id"]
-        .as_str()
-        .unwrap()
-        .to_string()
+    let proposal = request["action_details"]["proposal"].as_str().unwrap();
+    let proposal: Value = serde_json::from_str(proposal).unwrap();
+    proposal["id"].as_str().unwrap_or_default().to_string()
 }
 
 /// Polls `check` every 50 ms for up to 30 s.
@@ -372,4 +371,54 @@ async fn a_bridge_without_its_folder_stops_serve_at_start() {
     let out = common::run(&data, &["serve", "--listen", "127.0.0.1:0"]).await;
     assert_eq!(out.code, 2, "{out}");
     assert!(out.stderr.contains("does not exist"), "{out}");
+}
+
+#[tokio::test]
+async fn a_proposal_that_vanished_is_kept_and_still_delivered_once_approved() {
+    let (_dir, data, proc_dir) = setup();
+    let server = serve(&data, None);
+    let approver = create_token(&data, "approver", "alice").await;
+    let pending = proc_dir.join("pending.json");
+    std::fs::write(
+        &pending,
+        json!({"proposals": [job("job-1"), {"label": "no id", "n": 1}]}).to_string(),
+    )
+    .unwrap();
+    let request = pending_request(&server, &approver, "job-1").await;
+    // The process rewrites the file without it: reported, and its request stays open.
+    std::fs::write(
+        &pending,
+        json!({"proposals": [{"label": "no id", "n": 1}]}).to_string(),
+    )
+    .unwrap();
+    eventually("the vanished proposal reported", async || {
+        server
+            .stderr()
+            .contains("vanished from pending.json")
+            .then_some(())
+    })
+    .await;
+    let id = request["request_id"].as_str().unwrap();
+    assert_eq!(
+        server.request_view(&approver, id).await["status"],
+        "pending"
+    );
+    // A proposal without an id is known by its content: one request, however often read.
+    assert_eq!(requests(&server, &approver, "pending").await.len(), 2);
+
+    let (code, _) = server.decide(id, &approver, "approve").await;
+    assert_eq!(code, StatusCode::OK);
+    let delivered = eventually("delivered to approved.json", async || {
+        let text = std::fs::read_to_string(proc_dir.join("approved.json")).ok()?;
+        let value: Value = serde_json::from_str(&text).ok()?;
+        let proposals = value["proposals"].as_array()?.clone();
+        (!proposals.is_empty()).then_some(proposals)
+    })
+    .await;
+    assert_eq!(delivered, [job("job-1")]);
+    assert_eq!(
+        serde_json::from_str::<Value>(&std::fs::read_to_string(&pending).unwrap()).unwrap(),
+        json!({"proposals": [{"label": "no id", "n": 1}]}),
+        "the other proposal is untouched"
+    );
 }
