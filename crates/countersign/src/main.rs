@@ -70,6 +70,9 @@ enum Command {
     Grant(cmd::grant::GrantCommand),
     /// List requests waiting for a decision.
     Pending(cmd::decide::PendingArgs),
+    /// The bridged processes' records (records.json) joined with countersign's requests:
+    /// totals, by type, the latest, the open ones and their exposure (docs/bridge.md).
+    Records(cmd::records::RecordsArgs),
     /// Approve a pending request as the local user (channel `cli`).
     Approve(cmd::decide::DecideArgs),
     /// Reject a pending request as the local user (channel `cli`).

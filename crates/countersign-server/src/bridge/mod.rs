@@ -14,12 +14,15 @@
 //! act twice). Never twice.
 //!
 //! The file contract is `files.rs`; how the bridge reaches the gate is `asks.rs`. The
-//! operations the seed has beside the contract (its MCP tools, process control,
-//! parameters, record summaries) belong beside this module, on the same [`Bridge`]
-//! configuration.
+//! seed's operator tools over it are beside them: `proposals.rs` (the numbered listing
+//! and decisions by number) and `records.rs` (the record summary and dashboard), served
+//! by the approval-gate profile (`mcp/approval_gate.rs`), `countersign records` and the
+//! dashboard.
 
 pub mod asks;
 pub mod files;
+pub mod proposals;
+pub mod records;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;

@@ -14,6 +14,7 @@ pub mod mcp;
 pub mod migrate;
 pub mod policy;
 pub mod proxy;
+pub mod records;
 pub mod send_test_email;
 pub mod serve;
 pub mod token;
@@ -72,6 +73,7 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
             demo::run(&config, &args).await
         }
         Command::Pending(args) => decide::pending(&config, &args).await,
+        Command::Records(args) => records::run(&config, &args).await,
         Command::Approve(args) => {
             decide::decide(&config, &args, countersign_core::Verdict::Approved).await
         }

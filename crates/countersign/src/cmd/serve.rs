@@ -83,11 +83,14 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         trusted_proxies: config.server.trusted_proxies.clone(),
     };
     let gateways = gateways(&gate, config)?;
-    let app = countersign_server::router_with_gateways(
+    let app = countersign_server::router_with(
         gate.clone(),
         &http,
         shutdown.clone(),
-        gateways.clone(),
+        countersign_server::Mounts {
+            gateways: gateways.clone(),
+            bridges: config.bridges.clone(),
+        },
     );
     for (_, gateway) in gateways {
         tokio::spawn(run_gateway(gate.clone(), gateway, shutdown.clone()));

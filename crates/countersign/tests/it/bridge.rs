@@ -13,10 +13,10 @@ use serde_json::{Value, json};
 
 use crate::common::{self, Server, create_token, python};
 
-const BRIDGE: &str = "reindexer";
+pub(crate) const BRIDGE: &str = "reindexer";
 
 /// The process, killed on drop.
-struct Process(Child);
+pub(crate) struct Process(Child);
 
 impl Drop for Process {
     fn drop(&mut self) {
@@ -26,7 +26,7 @@ impl Drop for Process {
 }
 
 /// A data directory whose config has a `[[bridge]]` for the process folder `proc`.
-fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
+pub(crate) fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
     let proc_dir = dir.path().join("proc");
@@ -43,7 +43,7 @@ fn setup() -> (tempfile::TempDir, PathBuf, PathBuf) {
     (dir, data, proc_dir)
 }
 
-fn serve(data: &Path, failpoint: Option<&str>) -> Server {
+pub(crate) fn serve(data: &Path, failpoint: Option<&str>) -> Server {
     let mut cmd = common::serve_command();
     cmd.arg("--listen")
         .arg("127.0.0.1:0")
@@ -56,7 +56,7 @@ fn serve(data: &Path, failpoint: Option<&str>) -> Server {
 }
 
 /// Starts the process proposing `jobs`, in order.
-fn start_process(proc_dir: &Path, jobs: &[Value], extra: &[&str]) -> Process {
+pub(crate) fn start_process(proc_dir: &Path, jobs: &[Value], extra: &[&str]) -> Process {
     let jobs_file = proc_dir.join("jobs.json");
     std::fs::write(&jobs_file, serde_json::to_vec(jobs).unwrap()).unwrap();
     let script = common::repo_root().join("tests/python/approval_process.py");
@@ -73,13 +73,13 @@ fn start_process(proc_dir: &Path, jobs: &[Value], extra: &[&str]) -> Process {
     Process(child)
 }
 
-fn job(id: &str) -> Value {
+pub(crate) fn job(id: &str) -> Value {
     json!({"id": id, "label": format!("reindex {id}"), "action": "reindex", "cost": 6.00,
            "created_at": "2026-08-18T22:14:07Z"})
 }
 
 /// Every proposal the process acted on, in order.
-fn actions(proc_dir: &Path) -> Vec<Value> {
+pub(crate) fn actions(proc_dir: &Path) -> Vec<Value> {
     std::fs::read_to_string(proc_dir.join("actions.jsonl"))
         .unwrap_or_default()
         .lines()
@@ -87,7 +87,7 @@ fn actions(proc_dir: &Path) -> Vec<Value> {
         .collect()
 }
 
-fn times_acted(proc_dir: &Path, id: &str) -> usize {
+pub(crate) fn times_acted(proc_dir: &Path, id: &str) -> usize {
     actions(proc_dir).iter().filter(|a| a["id"] == id).count()
 }
 
@@ -111,7 +111,7 @@ fn proposal_id(request: &Value) -> String {
 }
 
 /// Polls `check` every 50 ms for up to 30 s.
-async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
+pub(crate) async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) -> T {
     for _ in 0..600 {
         if let Some(found) = check().await {
             return found;
@@ -122,7 +122,7 @@ async fn eventually<T>(what: &str, mut check: impl AsyncFnMut() -> Option<T>) ->
 }
 
 /// The pending request for proposal `id`.
-async fn pending_request(server: &Server, token: &str, id: &str) -> Value {
+pub(crate) async fn pending_request(server: &Server, token: &str, id: &str) -> Value {
     eventually(&format!("a pending request for {id}"), async || {
         requests(server, token, "pending")
             .await
@@ -132,7 +132,7 @@ async fn pending_request(server: &Server, token: &str, id: &str) -> Value {
     .await
 }
 
-fn pending_ids(proc_dir: &Path) -> Vec<String> {
+pub(crate) fn pending_ids(proc_dir: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(proc_dir.join("pending.json")).unwrap_or_default();
     let Ok(value) = serde_json::from_str::<Value>(&text) else {
         return vec!["(unreadable)".into()];

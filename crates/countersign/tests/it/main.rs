@@ -9,6 +9,7 @@
 
 mod common;
 
+mod approval_gate;
 mod audit;
 mod batch;
 mod bridge;
