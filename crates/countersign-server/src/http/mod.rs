@@ -304,7 +304,8 @@ fn both_surfaces() -> Router<AppState> {
         .route("/requests/{id}/decision", post(rest::decide))
         .route("/requests/decisions", post(rest::decide_batch))
         .route("/grants", get(rest::list_grants).post(rest::create_grant))
-        .route("/grants/{id}/revoke", post(rest::revoke_grant));
+        .route("/grants/{id}/revoke", post(rest::revoke_grant))
+        .route("/records", get(rest::records));
     let review = Router::new().route("/requests/{id}/review", post(rest::review));
     let rooms = Router::new()
         .route("/rooms", get(rooms::list).post(rooms::create))
