@@ -1610,6 +1610,37 @@ test("quorum and grants: the dashboard shows k of n approvals, gives a grant wit
   }
 });
 
+test("records: the Records page shows a bridged process's records, the open ones and their exposure", async () => {
+  const records = [
+    { id: "job-1041", record_type: "reindex", resolved: true, outcome: "win", cost: 4.25, result: 11.8, label: "nightly reindex, shard 3" },
+    { id: "job-1042", record_type: "reindex", resolved: false, cost: 6.0, label: "reindex shard 7" },
+    { id: "job-9", record_type: "backup", resolved: false, cost: 2.5 },
+  ];
+  const server = await new Countersign(process.env.COUNTERSIGN_BIN, {
+    files: {
+      "countersign.toml": '[[bridge]]\nname = "reindexer"\npending = "pending.json"\napproved = "approved.json"\nrecords = "records.json"\n',
+      "records.json": JSON.stringify(records),
+    },
+  }).start();
+  try {
+    const context = await firstAdmin(server);
+    const page = await openLive(context, "/");
+    await page.getByRole("button", { name: "Records" }).click();
+    const card = page.locator('.records-card[data-bridge="reindexer"]');
+    await card.waitFor();
+    assert.equal(await card.locator(".records-count").textContent(), "3 records: 1 resolved, 2 open");
+    assert.equal(await card.locator(".records-exposure").textContent(), "exposure 8.5");
+    const open = await card.locator(".records-open tbody tr").evaluateAll((rows) => rows.map((r) => r.dataset.recordId));
+    assert.deepEqual(open, ["job-1042", "job-9"]);
+    const latest = await card.locator(".records-latest tbody tr").evaluateAll((rows) => rows.map((r) => r.dataset.recordId));
+    assert.deepEqual(latest, ["job-9", "job-1042", "job-1041"], "newest first");
+    await shot(page, "desktop-1440x900-11-records");
+    await page.close();
+  } finally {
+    server.cleanup();
+  }
+});
+
 test("batch: one confirmation approves many requests, each with its own proof; one that changed meanwhile is reported", async () => {
   const server = await new Countersign(process.env.COUNTERSIGN_BIN).start();
   try {

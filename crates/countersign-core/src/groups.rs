@@ -10,15 +10,17 @@ use crate::error::CoreError;
 /// The prefix that names a group where a principal id could stand: `group:ops`.
 pub const GROUP_PREFIX: &str = "group:";
 
-/// The prefixes of principal ids: bearer tokens, dashboard accounts, local OS users.
-const PRINCIPAL_PREFIXES: [&str; 3] = ["token:", "user:", "local:"];
+/// The prefixes of principal ids: bearer tokens, dashboard accounts, local OS users, and
+/// the bridges `serve` runs for processes on the file contract (docs/bridge.md).
+const PRINCIPAL_PREFIXES: [&str; 4] = ["token:", "user:", "local:", "bridge:"];
 
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Groups {
     groups: BTreeMap<String, BTreeSet<String>>,
 }
 
-/// Checks a principal id (`token:<name>`, `user:<username>` or `local:<user>`).
+/// Checks a principal id (`token:<name>`, `user:<username>`, `local:<user>` or
+/// `bridge:<name>`).
 pub fn check_principal_id(field: &str, id: &str) -> Result<(), CoreError> {
     let ok = PRINCIPAL_PREFIXES.iter().any(|prefix| {
         id.strip_prefix(prefix).is_some_and(|rest| {
@@ -30,7 +32,9 @@ pub fn check_principal_id(field: &str, id: &str) -> Result<(), CoreError> {
     } else {
         Err(CoreError::invalid(
             field,
-            format!("{id:?} is not a principal id (token:<name>, user:<username> or local:<user>)"),
+            format!(
+                "{id:?} is not a principal id (token:<name>, user:<username>, local:<user> or bridge:<name>)"
+            ),
         ))
     }
 }

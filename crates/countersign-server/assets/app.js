@@ -243,6 +243,7 @@ async function loadList() {
   if (state.view === "rooms") return undefined;
   if (state.view === "users") return loadUsers();
   if (state.view === "grants") return loadGrants();
+  if (state.view === "records") return loadRecords();
   const params = new URLSearchParams();
   if (state.view === "needs") params.set("view", "pending");
   else {
@@ -576,6 +577,70 @@ async function loadGrants() {
     )));
 }
 
+// ---- records: what the bridged processes did (records.json, docs/bridge.md) ---------
+
+const amount = (n) => (n === null || n === undefined ? "\u2013" : String(Math.round(n * 1e9) / 1e9));
+
+function recordsTable(rows, cls) {
+  if (!rows.length) return el("p", { class: "empty" }, "None.");
+  const head = ["id", "type", "state", "outcome", "cost", "result", "request", "label"];
+  return el("table", { class: `records-table ${cls}` },
+    el("thead", {}, el("tr", {}, ...head.map((h) => el("th", { scope: "col" }, h)))),
+    el("tbody", {}, ...rows.map((r) => el("tr", { "data-record-id": r.id || "" },
+      el("td", {}, r.id || "\u2013"),
+      el("td", {}, r.record_type || "\u2013"),
+      el("td", { class: r.resolved ? "resolved" : "open" }, r.resolved ? "resolved" : "open"),
+      el("td", {}, r.outcome || "\u2013"),
+      el("td", { class: "num" }, amount(r.cost)),
+      el("td", { class: "num" }, amount(r.result)),
+      el("td", { class: "record-request" }, r.request
+        ? el("a", { href: `/requests/${encodeURIComponent(r.request.request_id)}` }, `${r.request.status}${r.request.outcome ? ` (${r.request.outcome})` : ""}`)
+        : "\u2013"),
+      el("td", {}, r.label || "")))));
+}
+
+async function loadRecords() {
+  const items = $("items");
+  let data;
+  try {
+    data = await api("/ui/api/records");
+  } catch (err) {
+    items.replaceChildren(el("p", { class: "notice error" }, err.message));
+    return;
+  }
+  if (!data.bridges.length) {
+    items.replaceChildren(el("p", { class: "empty" }, "No bridged processes. Add a [[bridge]] to the config (docs/bridge.md)."));
+    return;
+  }
+  items.replaceChildren(...data.bridges.map((b) => {
+    const t = b.totals;
+    if (b.error) {
+      return el("div", { class: "card records-card", "data-bridge": b.bridge },
+        el("div", { class: "desc" }, b.bridge), el("p", { class: "notice error" }, b.error));
+    }
+    const types = el("table", { class: "records-types" },
+      el("thead", {}, el("tr", {}, ...["type", "records", "resolved", "open", "cost", "result", "exposure"].map((h) => el("th", { scope: "col" }, h)))),
+      el("tbody", {}, ...b.by_type.map((row) => el("tr", {},
+        el("td", {}, row.record_type), el("td", { class: "num" }, String(row.records)),
+        el("td", { class: "num" }, String(row.resolved)), el("td", { class: "num" }, String(row.open)),
+        el("td", { class: "num" }, amount(row.cost)), el("td", { class: "num" }, amount(row.result)),
+        el("td", { class: "num" }, amount(row.exposure))))));
+    return el("div", { class: "card records-card", "data-bridge": b.bridge },
+      el("div", { class: "desc" }, b.bridge, " ", el("code", {}, b.records_file)),
+      el("div", { class: "meta records-totals" },
+        el("span", { class: "records-count" }, `${t.records} records: ${t.resolved} resolved, ${t.open} open`),
+        el("span", { class: "records-exposure" }, `exposure ${amount(t.exposure)}`),
+        el("span", {}, `cost ${amount(t.cost)}, result ${amount(t.result)}`),
+        el("span", {}, `${t.countersign_approved} approved through countersign`),
+        el("span", {}, `${b.awaiting_decision} awaiting a decision`)),
+      types,
+      el("h3", {}, `Open records (exposure ${amount(t.exposure)})`),
+      recordsTable(b.open, "records-open"),
+      el("h3", {}, "Latest records"),
+      recordsTable(b.recent, "records-latest"));
+  }));
+}
+
 function decisionForm(r) {
   const comment = el("textarea", { id: "comment", rows: "2", maxlength: "4096" });
   const grant = grantFields(r);
@@ -726,7 +791,7 @@ function setView(view) {
     if (b.dataset.view === view) b.setAttribute("aria-current", "page");
     else b.removeAttribute("aria-current");
   });
-  $("list-title").textContent = { needs: "Needs you", history: "History", users: "Users", rooms: "Rooms", grants: "Grants" }[view];
+  $("list-title").textContent = { needs: "Needs you", history: "History", users: "Users", rooms: "Rooms", grants: "Grants", records: "Records" }[view];
   $("filters").hidden = view !== "history";
   if (view === "rooms") {
     state.rooms.show();

@@ -7,6 +7,7 @@
 pub mod accounts;
 pub mod admission;
 pub mod audit;
+pub mod bridge;
 pub mod error;
 pub mod gate;
 pub mod held;
@@ -24,7 +25,9 @@ pub mod views;
 pub use countersign_core::Decider;
 pub use error::{ErrorKind, GateError};
 pub use gate::{Gate, GateBuilder, Settings};
-pub use http::{HttpConfig, router, router_with_gateways, serve, serve_with, with_channels};
+pub use http::{
+    HttpConfig, Mounts, router, router_with, router_with_gateways, serve, serve_with, with_channels,
+};
 pub use keyring::KeyRing;
 pub use log::TransparencyLog;
 pub use mcp::{Identity, McpService};

@@ -54,6 +54,10 @@ pub mod kinds {
     pub const POLICY_SET: &str = "policy.set";
     /// Standing grants (`{agent}/{grant id}`), keyed by the grant id.
     pub const GRANT: &str = "grant";
+    /// An operator's last listing of bridged proposals (the approval-gate profile's
+    /// `list_pending_approvals`), keyed by the caller's principal id: what `approve(index)`
+    /// means.
+    pub const BRIDGE_LISTING: &str = "bridge.listing";
 }
 
 /// Declares a collection: a marker type naming a document kind and its body type.

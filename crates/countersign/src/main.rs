@@ -58,6 +58,10 @@ enum Command {
     /// Run a command only once approved: exactly that command line (program, argv,
     /// directory, environment names); its exit code is recorded (docs/gateway.md).
     Exec(cmd::exec::ExecArgs),
+    /// Gate a process on approval-gate-mcp's file contract (pending.json, approved.json,
+    /// records.json) without serving HTTP: the config's [[bridge]]s, or one given by
+    /// --name and --dir (docs/bridge.md). `serve` runs the config's bridges itself.
+    Bridge(cmd::bridge::BridgeArgs),
     /// Create, list and revoke bearer tokens.
     #[command(subcommand)]
     Token(cmd::token::TokenCommand),
@@ -66,6 +70,9 @@ enum Command {
     Grant(cmd::grant::GrantCommand),
     /// List requests waiting for a decision.
     Pending(cmd::decide::PendingArgs),
+    /// The bridged processes' records (records.json) joined with countersign's requests:
+    /// totals, by type, the latest, the open ones and their exposure (docs/bridge.md).
+    Records(cmd::records::RecordsArgs),
     /// Approve a pending request as the local user (channel `cli`).
     Approve(cmd::decide::DecideArgs),
     /// Reject a pending request as the local user (channel `cli`).

@@ -41,6 +41,21 @@ pub struct RemoteArgs {
     pub token_file: Option<PathBuf>,
 }
 
+/// The one token a token file holds (surrounding whitespace aside).
+pub fn read_token_file(file: &std::path::Path) -> anyhow::Result<String> {
+    let token = std::fs::read_to_string(file)
+        .with_context(|| format!("could not read the token file {}", file.display()))?
+        .trim()
+        .to_string();
+    if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        anyhow::bail!(
+            "the token file {} must hold one token and nothing else",
+            file.display()
+        );
+    }
+    Ok(token)
+}
+
 /// A running `serve`, asked with one token.
 #[derive(Clone)]
 pub struct Remote {
@@ -76,16 +91,7 @@ impl Remote {
         let file = args.token_file.as_ref().context(
             "--server needs a token: --token-file FILE (or COUNTERSIGN_TOKEN_FILE), a file that holds it",
         )?;
-        let token = std::fs::read_to_string(file)
-            .with_context(|| format!("could not read the token file {}", file.display()))?
-            .trim()
-            .to_string();
-        if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
-            anyhow::bail!(
-                "the token file {} must hold one token and nothing else",
-                file.display()
-            );
-        }
+        let token = read_token_file(file)?;
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .user_agent(concat!("countersign/", env!("CARGO_PKG_VERSION")))
@@ -248,14 +254,14 @@ impl Approvals for Remote {
     }
 }
 
-/// `countersign mcp --server URL`: relays a stdio MCP client to the server's `/mcp`,
-/// message by message, as the token's agent. Each request is one POST; the server's
+/// `countersign mcp --server URL`: relays a stdio MCP client to the server's `/mcp` (or
+/// `path`: a profile's), message by message, as the token's principal. Each request is one POST; the server's
 /// answer (JSON, or an event stream with progress notifications before the result) is
 /// written back line by line. A `notifications/cancelled` closes the POST of the request
 /// it names, which is how the server (stateless: any instance serves any call) learns
 /// that the client gave up. Ends when the client closes stdin.
-pub async fn relay(remote: Remote) -> anyhow::Result<()> {
-    let endpoint = remote.url("mcp").map_err(anyhow::Error::msg)?;
+pub async fn relay(remote: Remote, path: &str) -> anyhow::Result<()> {
+    let endpoint = remote.url(path).map_err(anyhow::Error::msg)?;
     let (out, mut lines_out) = tokio::sync::mpsc::unbounded_channel::<String>();
     let writer = tokio::spawn(async move {
         let mut stdout = tokio::io::stdout();

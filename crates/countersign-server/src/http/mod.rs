@@ -43,8 +43,10 @@ use rmcp::transport::streamable_http_server::session::never::NeverSessionManager
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 use tokio_util::sync::CancellationToken;
 
+use crate::bridge::BridgeConfig;
 use crate::error::GateError;
 use crate::gate::Gate;
+use crate::mcp::approval_gate::{self, ApprovalGateService};
 use crate::mcp::gateway::GatewayService;
 use crate::mcp::{Identity, McpService};
 use crate::notify::NotifyConfig;
@@ -146,6 +148,17 @@ pub struct AppState {
     pub public_url: String,
     pub throttle: Arc<ui::Throttle>,
     pub proxies: Arc<client::TrustedProxies>,
+    /// The bridges this server runs (their records, for the Records page).
+    pub bridges: Arc<Vec<BridgeConfig>>,
+}
+
+/// What a server serves beside its own routes.
+#[derive(Default)]
+pub struct Mounts {
+    /// The MCP gateways, each at `/mcp/gateway/<name>`.
+    pub gateways: Vec<(String, GatewayService)>,
+    /// The bridges whose records the approval-gate profile and the Records page read.
+    pub bridges: Vec<BridgeConfig>,
 }
 
 /// What the inbound channel endpoints (`/slack/interactivity`, `/email/...`) need of
@@ -184,12 +197,34 @@ pub fn router_with_gateways(
     shutdown: CancellationToken,
     gateways: Vec<(String, GatewayService)>,
 ) -> Router {
+    router_with(
+        gate,
+        config,
+        shutdown,
+        Mounts {
+            gateways,
+            bridges: Vec::new(),
+        },
+    )
+}
+
+/// The whole surface with what `mounts` adds: the gateways, and the bridges, whose
+/// proposals and records the approval-gate profile at `/mcp/profile/approval-gate`
+/// serves (docs/bridge.md; the same token and Origin rules as `/mcp`).
+pub fn router_with(
+    gate: Arc<Gate>,
+    config: &HttpConfig,
+    shutdown: CancellationToken,
+    mounts: Mounts,
+) -> Router {
+    let Mounts { gateways, bridges } = mounts;
     let state = AppState {
         gate: gate.clone(),
         hosts: Arc::new(guard::HostPolicy::new(&config.allowed_hosts)),
         public_url: config.public_url.clone(),
         throttle: Arc::new(ui::Throttle::default()),
         proxies: Arc::new(config.trusted_proxies.clone()),
+        bridges: Arc::new(bridges.clone()),
     };
     // Built once: every stateless request gets a cheap clone.
     let mcp_service = McpService::new(gate.clone(), Identity::PerRequest, config.operator_tools);
@@ -217,10 +252,22 @@ pub fn router_with_gateways(
         );
         served = served.nest_service(&format!("/mcp/gateway/{name}"), gateway);
     }
+    // Each call's principal is its token's; the profile's tools check for an operator.
+    let profile_service = ApprovalGateService::new(gate.clone(), Identity::PerRequest, bridges);
+    let profile = StreamableHttpService::new(
+        move || Ok(profile_service.clone()),
+        Arc::new(NeverSessionManager::default()),
+        mcp_config.clone(),
+    );
+    let profiles = Router::new()
+        .nest_service(&format!("/mcp/profile/{}", approval_gate::PROFILE), profile)
+        .route("/mcp/profile/{name}", any(no_profile))
+        .route("/mcp/profile/{name}/{*rest}", any(no_profile));
     let token_surface = Router::new()
         .nest("/api/v1", token_routes().merge(both_surfaces()))
         .nest_service("/mcp", mcp)
         .merge(scoped(Scope::Request, served))
+        .merge(profiles)
         .layer(AsyncCheckLayer(auth::RequireToken(state.clone())));
     let session_surface = Router::new()
         .nest("/ui/api", dashboard_routes().merge(both_surfaces()))
@@ -257,7 +304,8 @@ fn both_surfaces() -> Router<AppState> {
         .route("/requests/{id}/decision", post(rest::decide))
         .route("/requests/decisions", post(rest::decide_batch))
         .route("/grants", get(rest::list_grants).post(rest::create_grant))
-        .route("/grants/{id}/revoke", post(rest::revoke_grant));
+        .route("/grants/{id}/revoke", post(rest::revoke_grant))
+        .route("/records", get(rest::records));
     let review = Router::new().route("/requests/{id}/review", post(rest::review));
     let rooms = Router::new()
         .route("/rooms", get(rooms::list).post(rooms::create))
@@ -376,6 +424,18 @@ async fn no_gateway(uri: http::Uri) -> Response {
         format!(
             "no gateway at {}: the gateways are the [[gateway]] sections of the server's config",
             uri.path()
+        ),
+    )
+}
+
+async fn no_profile(uri: http::Uri) -> Response {
+    error::error_response(
+        http::StatusCode::NOT_FOUND,
+        "not_found",
+        format!(
+            "no MCP profile at {}: the profiles are /mcp/profile/{}",
+            uri.path(),
+            approval_gate::PROFILE
         ),
     )
 }

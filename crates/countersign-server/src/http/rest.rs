@@ -270,6 +270,35 @@ pub(super) async fn decide_batch(
 
 input!(GrantListParams { limit: Option<usize> });
 
+input!(RecordsParams {
+    bridge: Option<String>,
+    n: Option<usize>,
+});
+
+/// The bridged processes' records joined with their requests (docs/bridge.md): the
+/// dashboard view, or the summary with the `n` most recent when `n` is given
+/// (approvers).
+pub(super) async fn records(
+    State(state): State<AppState>,
+    Approver { gate, decider, .. }: Approver,
+    ApiQuery(params): ApiQuery<RecordsParams>,
+) -> Result<Json<crate::bridge::records::RecordsReport>, ApiError> {
+    use crate::bridge::records::{RecordsView, report};
+    let view = match params.n {
+        Some(recent) => RecordsView::Summary { recent },
+        None => RecordsView::Dashboard,
+    };
+    let report = report(
+        &gate,
+        &decider,
+        &state.bridges,
+        params.bridge.as_deref(),
+        view,
+    )
+    .await?;
+    Ok(Json(report))
+}
+
 /// Standing grants, newest first (approvers).
 pub(super) async fn list_grants(
     Approver { gate, decider, .. }: Approver,

@@ -11,6 +11,7 @@
 //! and a call to any other is refused. A tool in no group cannot be called at all.
 
 mod agent;
+pub mod approval_gate;
 mod evidence;
 pub mod gateway;
 mod operator;

@@ -1,7 +1,8 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::Args;
+use clap::{Args, ValueEnum};
+use countersign_server::mcp::approval_gate::{self, ApprovalGateService};
 use countersign_server::{Identity, McpService};
 use rmcp::ServiceExt;
 
@@ -16,21 +17,82 @@ pub struct McpArgs {
     /// The name this agent's requests are recorded under (default: the OS user).
     #[arg(long, value_name = "NAME")]
     pub agent_name: Option<String>,
+    /// Serve another system's tools instead of countersign's own: `approval-gate`, the
+    /// operator's tools of approval-gate-mcp over the configured bridges
+    /// (docs/bridge.md). They need an approver's token: --token-file FILE, with or
+    /// without --server.
+    #[arg(long, value_enum, value_name = "PROFILE")]
+    pub profile: Option<Profile>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Profile {
+    ApprovalGate,
 }
 
 /// Serves the agent tools over stdin/stdout as the local agent. Operator tools are never
 /// offered here: a stdio process is an agent, and agents do not decide. With `--server`,
-/// relays the stdio client to that server's `/mcp` instead, as the token's agent.
+/// relays the stdio client to that server's `/mcp` instead, as the token's agent. With
+/// `--profile approval-gate`, serves that profile instead (below).
 pub async fn run(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCode> {
+    if args.profile == Some(Profile::ApprovalGate) {
+        return approval_gate(config, args).await;
+    }
     if let Some(remote) = Remote::from_args(&args.remote, args.agent_name.as_deref())? {
         tracing::info!(server = %remote.describe(), "relaying MCP over stdio");
-        crate::remote::relay(remote).await?;
+        crate::remote::relay(remote, "mcp").await?;
         return Ok(ExitCode::SUCCESS);
     }
     let (gate, principal, shutdown) =
         runtime::open_agent(config, args.agent_name.as_deref(), true).await?;
     tracing::info!(agent = %principal.id, data_dir = %config.data_dir.display(), "serving MCP over stdio");
     let service = McpService::new(gate, Identity::Fixed(principal), false);
+    let running = service
+        .serve(rmcp::transport::stdio())
+        .await
+        .context("the MCP client did not complete the handshake")?;
+    running.waiting().await.context("the MCP session failed")?;
+    shutdown.cancel();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--profile approval-gate`: the caller is who `--token-file`'s token names, checked
+/// against the local data directory at every call (a revoked token stops working
+/// mid-session), or relayed to `--server`'s `/mcp/profile/approval-gate` as that token.
+/// Without a token the caller is the local agent, as for the native tools, and an agent
+/// is refused every tool of this profile: the MCP client that launched this process is
+/// a model, and approving is the operator's act, so the operator's credential must be
+/// one they chose to give it.
+async fn approval_gate(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCode> {
+    let path = format!("mcp/profile/{}", approval_gate::PROFILE);
+    if args.remote.server.is_some()
+        && let Some(remote) = Remote::from_args(&args.remote, args.agent_name.as_deref())?
+    {
+        tracing::info!(server = %remote.describe(), "relaying the approval-gate profile over stdio");
+        crate::remote::relay(remote, &path).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (gate, agent, shutdown) =
+        runtime::open_agent(config, args.agent_name.as_deref(), true).await?;
+    let service = match &args.remote.token_file {
+        Some(file) => {
+            if args.agent_name.is_some() {
+                anyhow::bail!(
+                    "give --agent-name or --token-file, not both: the token names the caller"
+                );
+            }
+            let token = crate::remote::read_token_file(file)?;
+            let who = gate.authenticate(&token).await.map_err(|e| {
+                anyhow::anyhow!("the token in {}: {}", file.display(), e.public_message())
+            })?;
+            tracing::info!(caller = %who.id, "serving the approval-gate profile over stdio");
+            ApprovalGateService::with_token(gate, token, config.bridges.clone())
+        }
+        None => {
+            tracing::warn!(caller = %agent.id, "no --token-file: serving the approval-gate profile as the local agent, which may call none of its tools (they need an approver's token)");
+            ApprovalGateService::new(gate, Identity::Fixed(agent), config.bridges.clone())
+        }
+    };
     let running = service
         .serve(rmcp::transport::stdio())
         .await

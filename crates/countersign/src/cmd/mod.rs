@@ -2,6 +2,7 @@
 //! answer (an invalid proof, a failed check), 2 for an error (bad input, I/O).
 
 pub mod backup;
+pub mod bridge;
 pub mod decide;
 pub mod demo;
 pub mod doctor;
@@ -14,6 +15,7 @@ pub mod mcp;
 pub mod migrate;
 pub mod policy;
 pub mod proxy;
+pub mod records;
 pub mod send_test_email;
 pub mod serve;
 pub mod token;
@@ -60,6 +62,10 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
             init_logging("warn");
             exec::run(&config, &args).await
         }
+        Command::Bridge(args) => {
+            init_logging("info");
+            bridge::run(&config, &args).await
+        }
         Command::Token(command) => token::run(&config, command).await,
         Command::Grant(command) => grant::run(&config, command).await,
         Command::User(command) => user::run(&config, command).await,
@@ -68,6 +74,7 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
             demo::run(&config, &args).await
         }
         Command::Pending(args) => decide::pending(&config, &args).await,
+        Command::Records(args) => records::run(&config, &args).await,
         Command::Approve(args) => {
             decide::decide(&config, &args, countersign_core::Verdict::Approved).await
         }

@@ -49,6 +49,10 @@ fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
 }
 
 pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
+    // A bridge whose folder is missing stops the start, before anything listens.
+    for bridge in &config.bridges {
+        crate::config::check_bridge_dirs(bridge)?;
+    }
     let gate = runtime::open(config).await?;
     for warning in &config.warnings {
         eprintln!("warning: {warning}");
@@ -79,15 +83,19 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         trusted_proxies: config.server.trusted_proxies.clone(),
     };
     let gateways = gateways(&gate, config)?;
-    let app = countersign_server::router_with_gateways(
+    let app = countersign_server::router_with(
         gate.clone(),
         &http,
         shutdown.clone(),
-        gateways.clone(),
+        countersign_server::Mounts {
+            gateways: gateways.clone(),
+            bridges: config.bridges.clone(),
+        },
     );
     for (_, gateway) in gateways {
         tokio::spawn(run_gateway(gate.clone(), gateway, shutdown.clone()));
     }
+    super::bridge::spawn_local(&gate, &config.bridges, &shutdown);
     // Slack's interactivity endpoint and the email decision page need the channels.
     let app = countersign_server::with_channels(app, &config.notify)?;
     tokio::spawn(gate.clone().run_expiry(shutdown.clone()));

@@ -43,6 +43,9 @@ pub struct FileConfig {
     /// The MCP gateways `serve` runs (docs/gateway.md).
     #[serde(default)]
     pub gateway: Vec<super::gateway::GatewaySection>,
+    /// The processes on approval-gate-mcp's file contract (docs/bridge.md).
+    #[serde(default)]
+    pub bridge: Vec<super::bridge::BridgeSection>,
 }
 
 /// The keys about the HTTP server, resolved together into the server's `HttpConfig`.

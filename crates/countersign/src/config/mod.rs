@@ -7,6 +7,7 @@
 //! webhooks and reminders. What the server has a default for starts from the server's
 //! settings types (`HttpConfig`, `Settings`, `NotifyConfig`), so it is stated once, there.
 
+mod bridge;
 mod channels;
 mod database;
 mod env;
@@ -24,6 +25,7 @@ use countersign_core::evidence::Reviewer;
 use countersign_server::gate::{DEFAULT_SESSION_SECONDS, MAX_SESSION_SECONDS, ReviewerSettings};
 use countersign_server::{HttpConfig, Settings};
 
+pub use bridge::{BridgeSection, check_dirs as check_bridge_dirs, one as bridge_from_keys};
 pub use database::Database;
 use env::Env;
 use file::{
@@ -86,6 +88,8 @@ pub struct Config {
     pub policy: Option<countersign_server::gate::PolicySettings>,
     /// `[[gateway]]`: the MCP gateways `serve` runs.
     pub gateways: Vec<countersign_server::mcp::gateway::GatewayConfig>,
+    /// `[[bridge]]`: the processes on approval-gate-mcp's file contract (docs/bridge.md).
+    pub bridges: Vec<countersign_server::bridge::BridgeConfig>,
 }
 
 /// `[server]`, resolved: each default is the server's (`HttpConfig`, `Settings`).
@@ -154,6 +158,7 @@ impl Config {
             rooms,
             limits,
             gateway,
+            bridge,
         } = file;
 
         let listen = listen_address(overrides, &env, listen)?;
@@ -174,6 +179,7 @@ impl Config {
         let audit_interval = audit_interval(&env, audit)?;
         let policy = policy_settings(policy, config_file.as_deref())?;
         let gateways = gateway::resolve(gateway, config_file.as_deref())?;
+        let bridges = bridge::resolve(bridge, config_file.as_deref())?;
         let database = database::resolve(overrides, &env, database_url, &data_dir)?;
         let feed_poll_ms = database::feed_poll_ms(&env, feed_poll_ms, &database)?;
         let keys_dir = env
@@ -197,6 +203,7 @@ impl Config {
         notify.digest = guards.digest;
         Ok(Self {
             gateways,
+            bridges,
             notify,
             server,
             guards,

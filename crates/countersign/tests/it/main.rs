@@ -9,9 +9,11 @@
 
 mod common;
 
+mod approval_gate;
 mod audit;
 mod backup;
 mod batch;
+mod bridge;
 mod browser;
 mod channels;
 mod cli;
