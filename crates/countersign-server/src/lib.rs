@@ -18,6 +18,7 @@ pub mod links;
 pub mod log;
 pub mod mcp;
 pub mod notify;
+pub mod operate;
 pub mod rooms;
 pub mod views;
 
