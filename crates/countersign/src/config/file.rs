@@ -43,6 +43,14 @@ pub struct FileConfig {
     /// The MCP gateways `serve` runs (docs/gateway.md).
     #[serde(default)]
     pub gateway: Vec<super::gateway::GatewaySection>,
+    /// The processes an operator looks after (docs/bridge.md).
+    #[serde(default)]
+    pub process: Vec<super::operate::ProcessSection>,
+    /// The parameters those processes read, and their manifest.
+    pub params: Option<super::operate::ParamsSection>,
+    /// Read-only checks beside them.
+    #[serde(default)]
+    pub probe: Vec<super::operate::ProbeSection>,
 }
 
 /// The keys about the HTTP server, resolved together into the server's `HttpConfig`.

@@ -13,6 +13,7 @@ mod env;
 mod file;
 mod gateway;
 mod guards;
+mod operate;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -86,6 +87,8 @@ pub struct Config {
     pub policy: Option<countersign_server::gate::PolicySettings>,
     /// `[[gateway]]`: the MCP gateways `serve` runs.
     pub gateways: Vec<countersign_server::mcp::gateway::GatewayConfig>,
+    /// `[[process]]`, `[params]`, `[[probe]]`: what operators run, tune and check.
+    pub operate: countersign_server::operate::OperateConfig,
 }
 
 /// `[server]`, resolved: each default is the server's (`HttpConfig`, `Settings`).
@@ -154,6 +157,9 @@ impl Config {
             rooms,
             limits,
             gateway,
+            process,
+            params,
+            probe,
         } = file;
 
         let listen = listen_address(overrides, &env, listen)?;
@@ -174,6 +180,7 @@ impl Config {
         let audit_interval = audit_interval(&env, audit)?;
         let policy = policy_settings(policy, config_file.as_deref())?;
         let gateways = gateway::resolve(gateway, config_file.as_deref())?;
+        let operate = operate::resolve(process, params, probe, config_file.as_deref())?;
         let database = database::resolve(overrides, &env, database_url, &data_dir)?;
         let feed_poll_ms = database::feed_poll_ms(&env, feed_poll_ms, &database)?;
         let keys_dir = env
@@ -197,6 +204,7 @@ impl Config {
         notify.digest = guards.digest;
         Ok(Self {
             gateways,
+            operate,
             notify,
             server,
             guards,
