@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
-use super::ssh::{Bounds, Target, quote};
+use super::ssh::{Bounds, Target};
 use crate::error::GateError;
 
 /// The largest overrides file read or written.
@@ -384,11 +384,6 @@ pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
         let _ = std::fs::remove_file(&tmp);
     }
     result
-}
-
-/// `value` as the quoted argument of a shell command, for messages.
-pub fn shown(value: &Value) -> String {
-    quote(&value.to_string())
 }
 
 #[cfg(test)]

@@ -155,6 +155,10 @@ fn ssh_command(host: &SshHost, remote: &str) -> tokio::process::Command {
         .arg(format!("StrictHostKeyChecking={}", host.host_key_checking))
         .arg("-o")
         .arg(format!("ConnectTimeout={}", host.connect_timeout_seconds))
+        // Errors only: a notice ("Permanently added ... to the list of known hosts")
+        // would otherwise land in a command's recorded output.
+        .arg("-o")
+        .arg("LogLevel=ERROR")
         .arg("-l")
         .arg(&host.user);
     if let Some(port) = host.port {

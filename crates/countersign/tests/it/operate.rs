@@ -492,7 +492,8 @@ fn start_sshd(dir: &Path) -> Option<Sshd> {
         .port();
     let child = std::process::Command::new(sshd)
         .arg("-D")
-        .arg("-e")
+        .arg("-E")
+        .arg(dir.join("sshd.log"))
         .arg("-f")
         .arg(&config)
         .arg("-p")
@@ -502,6 +503,7 @@ fn start_sshd(dir: &Path) -> Option<Sshd> {
         .stderr(Stdio::inherit())
         .spawn()
         .expect("start sshd");
+    // sshd's own log is dir/sshd.log (kept while the test's temporary directory is).
     let deadline = Instant::now() + Duration::from_secs(10);
     while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
         assert!(Instant::now() < deadline, "sshd did not listen within 10 s");
@@ -615,4 +617,66 @@ async fn operate_remote_process_over_a_real_sshd() {
         out.stderr.contains("ssh to nobody-here@127.0.0.1 failed"),
         "{out}"
     );
+}
+
+#[tokio::test]
+async fn operate_a_policy_may_allow_an_operation_and_the_proof_says_so() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let work = dir.path().join("work");
+    let script = worker(&work);
+    configure(&data, &work, &script, "host = \"local\"", "");
+    std::fs::write(
+        data.join("ops.cedar"),
+        r#"@id("uptime-is-routine")
+permit(principal, action == Action::"run_command", resource == Server::"operate")
+when { context.gateway && context.input has cmd && context.input.cmd == "echo routine" };
+"#,
+    )
+    .unwrap();
+    let mut config = std::fs::read_to_string(data.join("countersign.toml")).unwrap();
+    config.insert_str(0, "[policy]\nfiles = [\"ops.cedar\"]\n\n");
+    std::fs::write(data.join("countersign.toml"), config).unwrap();
+
+    // Allowed by the policy: run at once, with no second person, and signed as such.
+    let out = run(
+        &data,
+        &["process", "run", "worker", "--json", "--", "echo routine"],
+    )
+    .await;
+    assert!(out.ok(), "{out}");
+    let out: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(out["executed"]["output"], "routine\n", "{out}");
+    let decision = &out["request"]["decision"];
+    assert_eq!(decision["authorization_type"], "policy", "{out}");
+    assert_eq!(decision["policy"]["id"], "uptime-is-routine");
+    assert!(
+        decision["approvers"].as_array().unwrap().is_empty(),
+        "{out}"
+    );
+    let statement = common::statement(&out["request"]["proof"]);
+    assert_eq!(statement["authorization_type"], "policy");
+    assert_eq!(
+        statement["requested_by"]["id"],
+        format!("local:{}", common::os_user())
+    );
+
+    // Anything else still waits for a person.
+    let other = run(
+        &data,
+        &[
+            "process",
+            "run",
+            "worker",
+            "--hold",
+            "1",
+            "--json",
+            "--",
+            "echo other",
+        ],
+    )
+    .await;
+    assert_eq!(other.code, 1, "{other}");
+    let other: Value = serde_json::from_str(&other.stdout).unwrap();
+    assert_eq!(other["request"]["status"], "pending", "{other}");
 }
