@@ -19,6 +19,7 @@ pub mod links;
 pub mod log;
 pub mod mcp;
 pub mod notify;
+pub mod operate;
 pub mod rooms;
 pub mod views;
 

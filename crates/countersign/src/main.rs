@@ -102,6 +102,17 @@ enum Command {
     /// Copy an installation into a fresh database (e.g. SQLite to PostgreSQL), log,
     /// proofs, requests, tokens and accounts intact.
     MigrateData(cmd::migrate::MigrateDataArgs),
+    /// Status, logs, restart and one-off commands of a `[[process]]` (docs/bridge.md);
+    /// a restart or a command runs once another person approved it.
+    #[command(subcommand)]
+    Process(cmd::operate::ProcessCommand),
+    /// List, set and clear the parameters a process reads (`[params]`), checked against
+    /// the manifest; a change runs once approved.
+    #[command(subcommand)]
+    Params(cmd::operate::ParamsCommand),
+    /// List and run the read-only probes (`[[probe]]`).
+    #[command(subcommand)]
+    Probe(cmd::operate::ProbeCommand),
     /// Check the data directory, database, key, listening address and channels (Slack,
     /// email, webhooks).
     Doctor(cmd::doctor::DoctorArgs),

@@ -13,6 +13,7 @@ pub mod keys;
 pub mod log;
 pub mod mcp;
 pub mod migrate;
+pub mod operate;
 pub mod policy;
 pub mod proxy;
 pub mod records;
@@ -91,6 +92,9 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
         }
         Command::Log(command) => log::run(&config, command).await,
         Command::Policy(command) => policy::run(&config, command).await,
+        Command::Process(command) => operate::process(&config, command).await,
+        Command::Params(command) => operate::params(&config, command).await,
+        Command::Probe(command) => operate::probe(&config, command).await,
         Command::Doctor(_) => doctor::run(&config).await,
         Command::SendTestEmail(args) => send_test_email::run(&config, &args).await,
         Command::Backup(args) => backup::backup(&config, &args).await,

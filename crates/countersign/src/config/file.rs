@@ -46,6 +46,14 @@ pub struct FileConfig {
     /// The processes on approval-gate-mcp's file contract (docs/bridge.md).
     #[serde(default)]
     pub bridge: Vec<super::bridge::BridgeSection>,
+    /// The processes an operator looks after (docs/bridge.md).
+    #[serde(default)]
+    pub process: Vec<super::operate::ProcessSection>,
+    /// The parameters those processes read, and their manifest.
+    pub params: Option<super::operate::ParamsSection>,
+    /// Read-only checks beside them.
+    #[serde(default)]
+    pub probe: Vec<super::operate::ProbeSection>,
 }
 
 /// The keys about the HTTP server, resolved together into the server's `HttpConfig`.

@@ -14,6 +14,7 @@ mod env;
 mod file;
 mod gateway;
 mod guards;
+mod operate;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -90,6 +91,8 @@ pub struct Config {
     pub gateways: Vec<countersign_server::mcp::gateway::GatewayConfig>,
     /// `[[bridge]]`: the processes on approval-gate-mcp's file contract (docs/bridge.md).
     pub bridges: Vec<countersign_server::bridge::BridgeConfig>,
+    /// `[[process]]`, `[params]`, `[[probe]]`: what operators run, tune and check.
+    pub operate: countersign_server::operate::OperateConfig,
 }
 
 /// `[server]`, resolved: each default is the server's (`HttpConfig`, `Settings`).
@@ -159,6 +162,9 @@ impl Config {
             limits,
             gateway,
             bridge,
+            process,
+            params,
+            probe,
         } = file;
 
         let listen = listen_address(overrides, &env, listen)?;
@@ -180,6 +186,7 @@ impl Config {
         let policy = policy_settings(policy, config_file.as_deref())?;
         let gateways = gateway::resolve(gateway, config_file.as_deref())?;
         let bridges = bridge::resolve(bridge, config_file.as_deref())?;
+        let operate = operate::resolve(process, params, probe, config_file.as_deref())?;
         let database = database::resolve(overrides, &env, database_url, &data_dir)?;
         let feed_poll_ms = database::feed_poll_ms(&env, feed_poll_ms, &database)?;
         let keys_dir = env
@@ -204,6 +211,7 @@ impl Config {
         Ok(Self {
             gateways,
             bridges,
+            operate,
             notify,
             server,
             guards,

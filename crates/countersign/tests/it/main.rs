@@ -23,6 +23,7 @@ mod external_clients;
 mod grants;
 mod hooks;
 mod instances;
+mod operate;
 mod policies;
 mod quorum;
 mod webhooks;

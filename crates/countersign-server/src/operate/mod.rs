@@ -1,0 +1,714 @@
+//! Operating the processes countersign gates (approval-gate-mcp's process tools):
+//! status, logs, restart and one-off commands of a `[[process]]`, here or over SSH; the
+//! parameters it reads each cycle (`[params]`); read-only probes (`[[probe]]`).
+//!
+//! Reading (status, logs, the parameters, probes) is for approvers and admins. Changing
+//! (restart, run_command, set_param, clear_param) is an approval request made by the
+//! person who asks, bound to exactly what will run (the details name the host, the
+//! directory, the command or the value before and after). Policies see it as the tool
+//! (`Action::"restart_process"`) on `Server::"operate"`; otherwise another person
+//! decides, as the requester may never approve their own request. Once approved, it is
+//! claimed (`record_action`, single-use: a second claim fails) before it runs, and what
+//! it gave (exit code and output, or the value before and after) is its outcome, so the
+//! whole change is in the request's record and the transparency log.
+//!
+//! The surfaces (the CLI, the approval-gate MCP profile) are thin: they call
+//! [`Operations`] as the authenticated person and shape the answer.
+
+pub mod params;
+pub mod probe;
+pub mod process;
+pub mod ssh;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use countersign_core::evidence::OutcomeStatus;
+use countersign_core::{ApprovalRequest, NewRequest, Principal, Scope, Status};
+use serde::Serialize;
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::error::GateError;
+use crate::gate::{Gate, Via};
+
+pub use params::{Manifest, ParamsConfig, ParamsList};
+pub use probe::{ProbeConfig, ProbeInfo, ProbeOutput};
+pub use process::{ProcessConfig, ProcessStatus};
+pub use ssh::{Bounds, SshHost, Target};
+
+/// The server policies name for operations: `resource == Server::"operate"`.
+pub const UPSTREAM: &str = "operate";
+pub const RESTART: &str = "restart_process";
+pub const RUN: &str = "run_command";
+pub const SET_PARAM: &str = "set_param";
+pub const CLEAR_PARAM: &str = "clear_param";
+/// The most output kept in an outcome (a detail holds at most 16 KiB).
+const OUTCOME_OUTPUT_BYTES: usize = 8 * 1024;
+/// How many finished requests one operation's key may step over.
+const MAX_ATTEMPTS: u32 = 1000;
+/// One wait for a decision, before it is renewed.
+const WAIT_SLICE: Duration = Duration::from_secs(30);
+
+/// What `[[process]]`, `[params]` and `[[probe]]` resolve to.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct OperateConfig {
+    pub processes: Vec<ProcessConfig>,
+    pub params: Option<ParamsConfig>,
+    pub probes: Vec<ProbeConfig>,
+}
+
+impl OperateConfig {
+    pub fn is_empty(&self) -> bool {
+        self.processes.is_empty() && self.params.is_none() && self.probes.is_empty()
+    }
+}
+
+/// A change an operator asks for.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Operation {
+    Restart {
+        process: String,
+    },
+    Run {
+        process: String,
+        command: String,
+    },
+    /// `value` as given: coerced against the manifest before anything is asked.
+    SetParam {
+        name: String,
+        value: Value,
+    },
+    /// One override, or all of them (`None`).
+    ClearParam {
+        name: Option<String>,
+    },
+}
+
+/// What came of an operation that was carried out.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Executed {
+    pub status: OutcomeStatus,
+    pub summary: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+    /// For a parameter: its override before and after (`null`: none).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub before: Option<Value>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub after: Option<Value>,
+}
+
+/// Where an operation stands once [`Operations::perform`] is done with it.
+#[derive(Debug, Clone)]
+pub enum Performed {
+    /// Approved, claimed and carried out, once.
+    Done {
+        request: Box<ApprovalRequest>,
+        executed: Executed,
+    },
+    /// Still waiting for a decision: asking again joins this request.
+    Pending { request: Box<ApprovalRequest> },
+    /// Not carried out, and why.
+    Refused {
+        request: Box<ApprovalRequest>,
+        reason: String,
+    },
+}
+
+/// An operation bound to what it will do: its request's description and details.
+#[derive(Debug, Clone)]
+struct Bound {
+    tool: &'static str,
+    description: String,
+    details: BTreeMap<String, String>,
+    op: Resolved,
+}
+
+#[derive(Debug, Clone)]
+enum Resolved {
+    Restart(usize),
+    Run(usize, String),
+    Set(String, Value),
+    Clear(Option<String>),
+}
+
+/// The operations of this server's configuration, through its gate.
+pub struct Operations {
+    gate: Arc<Gate>,
+    config: Arc<OperateConfig>,
+    /// Parameter changes one at a time (each reads, changes and writes the file).
+    params_lock: tokio::sync::Mutex<()>,
+    /// Names this process in the claims it makes (`executed_by`).
+    instance: String,
+}
+
+impl Operations {
+    pub fn new(gate: Arc<Gate>, config: Arc<OperateConfig>, instance: impl Into<String>) -> Self {
+        Self {
+            gate,
+            config,
+            params_lock: tokio::sync::Mutex::new(()),
+            instance: instance.into(),
+        }
+    }
+
+    pub fn config(&self) -> &OperateConfig {
+        &self.config
+    }
+
+    /// Whether the parameter tools are offered (a manifest is configured).
+    pub fn has_params(&self) -> bool {
+        self.config.params.is_some()
+    }
+
+    pub fn processes(&self) -> Vec<&str> {
+        self.config
+            .processes
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect()
+    }
+
+    /// `process_status`.
+    pub async fn status(&self, who: &Principal, process: &str) -> Result<ProcessStatus, GateError> {
+        person(who)?;
+        self.process(process)?.1.status().await
+    }
+
+    /// `process_logs(lines)`.
+    pub async fn logs(
+        &self,
+        who: &Principal,
+        process: &str,
+        lines: usize,
+    ) -> Result<String, GateError> {
+        person(who)?;
+        self.process(process)?.1.logs(lines).await
+    }
+
+    /// `list_params`.
+    pub async fn list_params(&self, who: &Principal) -> Result<ParamsList, GateError> {
+        person(who)?;
+        self.params()?.list().await
+    }
+
+    /// The probes configured.
+    pub fn probes(&self, who: &Principal) -> Result<Vec<ProbeInfo>, GateError> {
+        person(who)?;
+        Ok(self.config.probes.iter().map(ProbeConfig::info).collect())
+    }
+
+    /// Runs the probe `name`.
+    pub async fn probe(&self, who: &Principal, name: &str) -> Result<ProbeOutput, GateError> {
+        person(who)?;
+        let probe = self
+            .config
+            .probes
+            .iter()
+            .find(|p| p.name == name)
+            .ok_or_else(|| {
+                GateError::NotFound(format!(
+                    "probe {name:?} (configured: {})",
+                    names(self.config.probes.iter().map(|p| p.name.as_str()))
+                ))
+            })?;
+        probe.run().await
+    }
+
+    /// Asks for `op` as `who` (or finds the request an earlier ask of the same
+    /// operation in the same `session` made and that still stands), without waiting.
+    /// Invalid input (an unknown process, a value the manifest refuses) is refused
+    /// before anything is asked.
+    pub async fn ask(
+        &self,
+        who: &Principal,
+        op: &Operation,
+        session: &str,
+    ) -> Result<ApprovalRequest, GateError> {
+        let bound = self.bind(who, op).await?;
+        self.request(who, &bound, session).await
+    }
+
+    /// Asks for `op` as `who`, waits up to `hold` for the decision (`waiting` is told
+    /// once, with the request, when a person must decide), and once approved claims the
+    /// approval and carries the operation out, once, recording what came of it.
+    pub async fn perform(
+        &self,
+        who: &Principal,
+        op: &Operation,
+        session: &str,
+        hold: Duration,
+        waiting: &mut (dyn FnMut(&ApprovalRequest) + Send),
+    ) -> Result<Performed, GateError> {
+        let bound = self.bind(who, op).await?;
+        let mut request = self.request(who, &bound, session).await?;
+        let deadline = tokio::time::Instant::now() + hold;
+        if request.status == Status::Pending {
+            waiting(&request);
+        }
+        while request.status == Status::Pending {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return Ok(Performed::Pending {
+                    request: Box::new(request),
+                });
+            }
+            let slice = WAIT_SLICE.min(deadline - now);
+            request = self
+                .gate
+                .wait(who, request.id.as_str(), slice, &mut |_| {})
+                .await?;
+        }
+        self.settle(who, &bound, request).await
+    }
+
+    /// Carries out the approved `request` of `bound` once, or says why not.
+    async fn settle(
+        &self,
+        who: &Principal,
+        bound: &Bound,
+        request: ApprovalRequest,
+    ) -> Result<Performed, GateError> {
+        let id = request.id.to_string();
+        let refused = |request: ApprovalRequest, reason: String| {
+            Ok(Performed::Refused {
+                request: Box::new(request),
+                reason,
+            })
+        };
+        match request.status {
+            Status::Approved => {}
+            Status::Rejected => {
+                let comment = request
+                    .decision
+                    .as_ref()
+                    .and_then(|d| d.comment.clone())
+                    .map(|c| format!(": {c}"))
+                    .unwrap_or_default();
+                return refused(
+                    request,
+                    format!("request {id} was rejected{comment}; nothing was run"),
+                );
+            }
+            other => {
+                return refused(
+                    request,
+                    format!("request {id} is {}; nothing was run", other.as_str()),
+                );
+            }
+        }
+        if request.action.details != bound.details {
+            return refused(
+                request,
+                format!("request {id} approved another operation than this one; nothing was run"),
+            );
+        }
+        if let Some(outcome) = &request.outcome {
+            let status = outcome.status;
+            return refused(
+                request,
+                format!(
+                    "request {id} was already carried out once (outcome: {status:?}); it is not run again"
+                ),
+            );
+        }
+        if request.used().is_some() {
+            return refused(
+                request,
+                format!(
+                    "request {id} was already claimed and its outcome is not known; it is not run again"
+                ),
+            );
+        }
+        // The claim: durable and single-use before anything runs.
+        let claim = [("executed_by".to_string(), self.instance.clone())].into();
+        if let Err(err) = self
+            .gate
+            .record_action(who, &id, bound.tool.to_string(), claim)
+            .await
+        {
+            return refused(
+                request,
+                format!(
+                    "request {id} is approved but could not be claimed: {}",
+                    err.public_message()
+                ),
+            );
+        }
+        let executed = self.execute(&bound.op).await;
+        let mut details = BTreeMap::new();
+        if let Some(code) = executed.exit_code {
+            details.insert("exit_code".into(), code.to_string());
+        }
+        if let Some(output) = &executed.output {
+            details.insert("output".into(), output.clone());
+        }
+        if let Some(before) = &executed.before {
+            details.insert("before".into(), before.to_string());
+        }
+        if let Some(after) = &executed.after {
+            details.insert("after".into(), after.to_string());
+        }
+        let request = self
+            .gate
+            .record_outcome(
+                who,
+                &id,
+                executed.status,
+                Some(executed.summary.clone()),
+                details,
+            )
+            .await?;
+        Ok(Performed::Done {
+            request: Box::new(request),
+            executed,
+        })
+    }
+
+    /// Runs what was approved; a failure is an outcome, not an error (it was claimed).
+    async fn execute(&self, op: &Resolved) -> Executed {
+        let started = std::time::Instant::now();
+        let ran = |ran: Result<ssh::Ran, GateError>, bounds: Bounds| match ran {
+            Ok(ran) => {
+                let output = cut(&ran.combined(), OUTCOME_OUTPUT_BYTES);
+                Executed {
+                    status: if ran.succeeded() {
+                        OutcomeStatus::Succeeded
+                    } else {
+                        OutcomeStatus::Failed
+                    },
+                    summary: format!(
+                        "{} after {:.1} s",
+                        ran.ending(&bounds),
+                        started.elapsed().as_secs_f64()
+                    ),
+                    exit_code: ran.exit_code,
+                    output: Some(output),
+                    before: None,
+                    after: None,
+                }
+            }
+            Err(err) => failed(err),
+        };
+        match op {
+            Resolved::Restart(i) => {
+                let p = &self.config.processes[*i];
+                ran(
+                    p.restart().await,
+                    Bounds {
+                        timeout: Duration::from_secs(60),
+                        max_output_bytes: 0,
+                    },
+                )
+            }
+            Resolved::Run(i, command) => {
+                let p = &self.config.processes[*i];
+                ran(p.run_command(command).await, p.run)
+            }
+            Resolved::Set(name, value) => match self.change_param(name, Some(value)).await {
+                Ok(before) => Executed {
+                    status: OutcomeStatus::Succeeded,
+                    summary: format!("{name}: {} -> {value}", show(&before)),
+                    exit_code: None,
+                    output: None,
+                    before: Some(before),
+                    after: Some(value.clone()),
+                },
+                Err(err) => failed(err),
+            },
+            Resolved::Clear(Some(name)) => match self.change_param(name, None).await {
+                Ok(before) => Executed {
+                    status: OutcomeStatus::Succeeded,
+                    summary: format!("{name}: {} -> cleared", show(&before)),
+                    exit_code: None,
+                    output: None,
+                    before: Some(before),
+                    after: Some(Value::Null),
+                },
+                Err(err) => failed(err),
+            },
+            Resolved::Clear(None) => match self.clear_all().await {
+                Ok(before) => Executed {
+                    status: OutcomeStatus::Succeeded,
+                    summary: format!("every override cleared ({} were set)", before.len()),
+                    exit_code: None,
+                    output: None,
+                    before: Some(Value::Object(before)),
+                    after: Some(Value::Object(Default::default())),
+                },
+                Err(err) => failed(err),
+            },
+        }
+    }
+
+    /// Sets (or with `None` removes) one override; its value before (`null`: none).
+    async fn change_param(&self, name: &str, value: Option<&Value>) -> Result<Value, GateError> {
+        let params = self.params()?;
+        let _one_at_a_time = self.params_lock.lock().await;
+        let mut overrides = params.read().await?;
+        let before = match value {
+            Some(v) => overrides.insert(name.to_string(), v.clone()),
+            None => overrides.remove(name),
+        };
+        params.write(&overrides).await?;
+        Ok(before.unwrap_or(Value::Null))
+    }
+
+    async fn clear_all(&self) -> Result<serde_json::Map<String, Value>, GateError> {
+        let params = self.params()?;
+        let _one_at_a_time = self.params_lock.lock().await;
+        let before = params.read().await?;
+        params.write(&serde_json::Map::new()).await?;
+        Ok(before)
+    }
+
+    /// Creates the request for `bound`, or joins the one an earlier ask made.
+    async fn request(
+        &self,
+        who: &Principal,
+        bound: &Bound,
+        session: &str,
+    ) -> Result<ApprovalRequest, GateError> {
+        let key = join_key(who, session, &bound.details);
+        let via = Via {
+            upstream: UPSTREAM.into(),
+            read_only: false,
+        };
+        for attempt in 0..MAX_ATTEMPTS {
+            let new = NewRequest {
+                description: bound.description.clone(),
+                details: bound.details.clone(),
+                idempotency_key: Some(format!("op:{key}:{attempt}")),
+                ..NewRequest::default()
+            };
+            let Some(requested) = self.gate.create(who, new, None, Some(&via)).await? else {
+                return Err(GateError::Internal(
+                    "an operation passed without a request".into(),
+                ));
+            };
+            if !requested.existing {
+                return Ok(requested.request);
+            }
+            // Timed out first if its expiry passed.
+            let request = self.gate.get(who, requested.request.id.as_str()).await?;
+            if joins(&request, self.gate.now()) {
+                return Ok(request);
+            }
+        }
+        Err(GateError::RateLimited {
+            message: format!(
+                "this operation was asked for {MAX_ATTEMPTS} times in one session; start a new one"
+            ),
+            retry_after_seconds: 60,
+        })
+    }
+
+    /// What `op` will do, checked, as a request's description and details.
+    async fn bind(&self, who: &Principal, op: &Operation) -> Result<Bound, GateError> {
+        person(who)?;
+        if !who.may(Scope::Request) {
+            return Err(GateError::Forbidden(format!(
+                "{} may not ask for operations: that needs the request scope",
+                who.id
+            )));
+        }
+        let mut details = BTreeMap::new();
+        let tool = match op {
+            Operation::Restart { .. } => RESTART,
+            Operation::Run { .. } => RUN,
+            Operation::SetParam { .. } => SET_PARAM,
+            Operation::ClearParam { .. } => CLEAR_PARAM,
+        };
+        details.insert("upstream".to_string(), UPSTREAM.to_string());
+        details.insert("tool".to_string(), tool.to_string());
+        let mut put = |k: &str, v: String| {
+            details.insert(k.to_string(), v);
+        };
+        let (description, resolved) = match op {
+            Operation::Restart { process } => {
+                let (i, p) = self.process(process)?;
+                put("process", p.name.clone());
+                put("host", p.target.describe());
+                put("dir", p.dir.clone());
+                put("start", p.start.clone());
+                put("pattern", p.pattern.clone());
+                (
+                    format!("restart process {} on {}", p.name, p.target.describe()),
+                    Resolved::Restart(i),
+                )
+            }
+            Operation::Run { process, command } => {
+                let (i, p) = self.process(process)?;
+                if command.trim().is_empty() {
+                    return Err(GateError::BadInput("cmd: give a command to run".into()));
+                }
+                put("process", p.name.clone());
+                put("host", p.target.describe());
+                put("dir", p.dir.clone());
+                put("cmd", command.clone());
+                (
+                    format!("run `{command}` in {} on {}", p.dir, p.target.describe()),
+                    Resolved::Run(i, command.clone()),
+                )
+            }
+            Operation::SetParam { name, value } => {
+                let params = self.params()?;
+                let value = params.manifest.coerce(name, value)?;
+                let before = params
+                    .read()
+                    .await?
+                    .get(name)
+                    .cloned()
+                    .unwrap_or(Value::Null);
+                put("name", name.clone());
+                put("value", value.to_string());
+                put("before", before.to_string());
+                put("file", params.overrides.clone());
+                put("host", params.target.describe());
+                (
+                    format!("set parameter {name} to {value} (now {})", show(&before)),
+                    Resolved::Set(name.clone(), value),
+                )
+            }
+            Operation::ClearParam { name } => {
+                let params = self.params()?;
+                let current = params.read().await?;
+                put("file", params.overrides.clone());
+                put("host", params.target.describe());
+                match name {
+                    Some(name) => {
+                        let Some(before) = current.get(name) else {
+                            return Err(GateError::BadInput(format!(
+                                "{name} has no override to clear (set: {})",
+                                names(current.keys().map(String::as_str))
+                            )));
+                        };
+                        put("name", name.clone());
+                        put("before", before.to_string());
+                        (
+                            format!("clear the override of parameter {name} (now {before})"),
+                            Resolved::Clear(Some(name.clone())),
+                        )
+                    }
+                    None => {
+                        put("all", "true".into());
+                        put("before", Value::Object(current.clone()).to_string());
+                        (
+                            format!("clear every parameter override ({} set)", current.len()),
+                            Resolved::Clear(None),
+                        )
+                    }
+                }
+            }
+        };
+        Ok(Bound {
+            tool,
+            description,
+            details,
+            op: resolved,
+        })
+    }
+
+    fn process(&self, name: &str) -> Result<(usize, &ProcessConfig), GateError> {
+        self.config
+            .processes
+            .iter()
+            .enumerate()
+            .find(|(_, p)| p.name == name)
+            .ok_or_else(|| {
+                GateError::NotFound(format!(
+                    "process {name:?} (configured: {})",
+                    names(self.config.processes.iter().map(|p| p.name.as_str()))
+                ))
+            })
+    }
+
+    fn params(&self) -> Result<&ParamsConfig, GateError> {
+        self.config.params.as_ref().ok_or_else(|| {
+            GateError::NotFound("parameters: no [params] schema is configured".into())
+        })
+    }
+}
+
+/// Operations are for people who may decide (approvers, admins), never agents or
+/// executors: an agent asks for changes through its own requests.
+fn person(who: &Principal) -> Result<(), GateError> {
+    if who.role.may_decide() {
+        Ok(())
+    } else {
+        Err(GateError::Forbidden(format!(
+            "{} holds an {} credential; process operations, parameters and probes are for approvers and admins",
+            who.id, who.role
+        )))
+    }
+}
+
+/// Whether an ask joins `request` (found by its key) instead of making a new one: while
+/// it waits, while its approval is usable and unused, and while its run has no outcome.
+fn joins(request: &ApprovalRequest, now: countersign_core::Timestamp) -> bool {
+    match request.status {
+        Status::Pending => true,
+        Status::Approved => match (request.used(), &request.outcome) {
+            (None, _) => request.check_usable(now).is_ok(),
+            (Some(_), None) => true,
+            (Some(_), Some(_)) => false,
+        },
+        Status::Rejected | Status::TimedOut | Status::Cancelled => false,
+    }
+}
+
+/// The operation's key among `who`'s requests: the session and the exact details.
+fn join_key(who: &Principal, session: &str, details: &BTreeMap<String, String>) -> String {
+    let details = countersign_core::jcs::to_vec(details).unwrap_or_default();
+    let mut hash = Sha256::new();
+    for part in [who.id.as_bytes(), session.as_bytes(), &details] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part);
+    }
+    hex::encode(&hash.finalize()[..16])
+}
+
+fn failed(err: GateError) -> Executed {
+    Executed {
+        status: OutcomeStatus::Failed,
+        summary: err.public_message(),
+        exit_code: None,
+        output: None,
+        before: None,
+        after: None,
+    }
+}
+
+/// An override for a message: its JSON, or "unset".
+fn show(value: &Value) -> String {
+    if value.is_null() {
+        "unset".into()
+    } else {
+        value.to_string()
+    }
+}
+
+fn names<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let all: Vec<&str> = names.collect();
+    if all.is_empty() {
+        "none".into()
+    } else {
+        all.join(", ")
+    }
+}
+
+/// The first `max` bytes of `text`, at a character boundary, marked when cut.
+fn cut(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}\n[... cut at {max} bytes]", &text[..end])
+}
