@@ -8,7 +8,7 @@ mod runtime;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, Parser, Subcommand, ValueEnum};
 
 use crate::config::Overrides;
 
@@ -41,6 +41,17 @@ struct GlobalArgs {
     /// default. Also COUNTERSIGN_DATABASE_URL (or COUNTERSIGN_DATABASE_URL_FILE).
     #[arg(long, global = true, value_name = "URL")]
     database: Option<String>,
+    /// How logs (on stderr) are written: text for people, json for a log collector (one
+    /// JSON object per line). Also COUNTERSIGN_LOG_FORMAT.
+    #[arg(long, global = true, value_enum, env = "COUNTERSIGN_LOG_FORMAT", default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// `--log-format`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Debug, Subcommand)]
@@ -123,10 +134,39 @@ enum Command {
     Backup(cmd::backup::BackupArgs),
     /// Restore a backup into an empty data directory and check it against its log.
     Restore(cmd::backup::RestoreArgs),
+    /// Ask a running serve for /healthz: exit 0 when healthy, 1 otherwise (a container's
+    /// HEALTHCHECK, with no curl needed).
+    Healthcheck(cmd::healthcheck::HealthcheckArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completions {
+        #[arg(value_enum)]
+        shell: clap_complete::Shell,
+    },
+    /// Write the man pages (countersign.1 and one per subcommand) into a directory.
+    Man {
+        #[arg(value_name = "DIR")]
+        dir: PathBuf,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Generated from the definition above; they need no configuration.
+    match &cli.command {
+        Command::Completions { shell } => {
+            return cmd::cli_docs::completions(Cli::command(), *shell);
+        }
+        Command::Man { dir } => {
+            return match cmd::cli_docs::man_pages(Cli::command(), dir) {
+                Ok(code) => code,
+                Err(err) => {
+                    eprintln!("error: {err:#}");
+                    ExitCode::from(2)
+                }
+            };
+        }
+        _ => {}
+    }
     let overrides = Overrides {
         config: cli.global.config.clone(),
         data_dir: cli.global.data_dir.clone(),
@@ -148,7 +188,7 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match runtime.block_on(cmd::run(cli.command, overrides)) {
+    match runtime.block_on(cmd::run(cli.command, overrides, cli.global.log_format)) {
         Ok(code) => code,
         Err(err) => {
             eprintln!("error: {err:#}");

@@ -3,11 +3,13 @@
 
 pub mod backup;
 pub mod bridge;
+pub mod cli_docs;
 pub mod decide;
 pub mod demo;
 pub mod doctor;
 pub mod exec;
 pub mod grant;
+pub mod healthcheck;
 pub mod hook;
 pub mod keys;
 pub mod log;
@@ -25,10 +27,15 @@ pub mod verify;
 
 use std::process::ExitCode;
 
-use crate::Command;
 use crate::config::{Config, Overrides};
+use crate::{Command, LogFormat};
 
-pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitCode> {
+pub async fn run(
+    command: Command,
+    overrides: Overrides,
+    log_format: LogFormat,
+) -> anyhow::Result<ExitCode> {
+    LOG_FORMAT.get_or_init(|| log_format);
     let remote = match &command {
         Command::Mcp(args) => args.remote.server.is_some(),
         Command::Hook(args) => args.remote.server.is_some(),
@@ -99,6 +106,10 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
         Command::SendTestEmail(args) => send_test_email::run(&config, &args).await,
         Command::Backup(args) => backup::backup(&config, &args).await,
         Command::Restore(args) => backup::restore(&config, &args).await,
+        Command::Healthcheck(args) => healthcheck::run(&config, &args).await,
+        Command::Completions { .. } | Command::Man { .. } => {
+            anyhow::bail!("completions and man pages are written before any configuration is read")
+        }
         Command::Migrate => migrate::migrate(&config).await,
         Command::MigrateData(args) => migrate::migrate_data(&config, &args).await,
     }
@@ -107,11 +118,38 @@ pub async fn run(command: Command, overrides: Overrides) -> anyhow::Result<ExitC
 /// Logs go to stderr (stdout carries the MCP protocol in `mcp`, and tokens in `token
 /// create`). `COUNTERSIGN_LOG` takes a tracing filter such as `debug` or
 /// `countersign_server=debug`.
+/// `--log-format json` writes one JSON object per line (time, level, target, message
+/// and fields) for a log collector.
 fn init_logging(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("COUNTERSIGN_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
-    let _ = tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
+        .with_writer(std::io::stderr);
+    let _ = match LOG_FORMAT.get().copied().unwrap_or(LogFormat::Text) {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().flatten_event(true).try_init(),
+    };
 }
+
+/// Says `message` on stderr whatever `COUNTERSIGN_LOG` filters (what `serve` prints at
+/// start: its address, the setup link, warnings): a plain line, or with `--log-format
+/// json` one JSON object like the logs' own, so that a log collector reads every line.
+pub fn announce(level: &str, message: &str) {
+    match LOG_FORMAT.get().copied().unwrap_or(LogFormat::Text) {
+        LogFormat::Text if level == "WARN" => eprintln!("warning: {message}"),
+        LogFormat::Text => eprintln!("{message}"),
+        LogFormat::Json => eprintln!(
+            "{}",
+            serde_json::json!({
+                "timestamp": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true),
+                "level": level,
+                "target": "countersign",
+                "message": message,
+            })
+        ),
+    }
+}
+
+/// The process's `--log-format`, set once by [`run`].
+static LOG_FORMAT: std::sync::OnceLock<LogFormat> = std::sync::OnceLock::new();

@@ -55,7 +55,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
     }
     let gate = runtime::open(config).await?;
     for warning in &config.warnings {
-        eprintln!("warning: {warning}");
+        super::announce("WARN", warning);
     }
     let listener = listen(config.listen).with_context(|| {
         format!(
@@ -117,33 +117,46 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         tokio::spawn(notifier.run(gate.feed().clone(), shutdown.clone()));
     }
 
-    eprintln!(
-        "countersign {} listening on http://{addr} (data directory {}, signing key {})",
-        env!("CARGO_PKG_VERSION"),
-        config.data_dir.display(),
-        gate.keys().signer().kid()
+    super::announce(
+        "INFO",
+        &format!(
+            "countersign {} listening on http://{addr} (data directory {}, signing key {})",
+            env!("CARGO_PKG_VERSION"),
+            config.data_dir.display(),
+            gate.keys().signer().kid()
+        ),
     );
     if !addr.ip().is_loopback() && countersign_server::hosts::only_loopback(&config.allowed_hosts) {
-        eprintln!(
-            "note: listening on {} but allowed_hosts only names loopback; add this server's hostname to allowed_hosts or remote clients get 403",
-            addr.ip()
+        super::announce(
+            "INFO",
+            &format!(
+                "note: listening on {} but allowed_hosts only names loopback; add this server's hostname to allowed_hosts or remote clients get 403",
+                addr.ip()
+            ),
         );
     }
     if !gate.accounts().has_admin().await? {
         match gate.accounts().setup_link_once(SETUP_SECONDS).await? {
-            SetupLink::New(token) => eprintln!(
-                "no admin account yet: create it within {} minutes at {}/setup?token={token}",
-                SETUP_SECONDS / 60,
-                config.public_url
+            SetupLink::New(token) => super::announce(
+                "INFO",
+                &format!(
+                    "no admin account yet: create it within {} minutes at {}/setup?token={token}",
+                    SETUP_SECONDS / 60,
+                    config.public_url
+                ),
             ),
-            SetupLink::Pending { expires_at } => eprintln!(
-                "no admin account yet: the setup link printed earlier works until {expires_at} (a new one is printed at the first start after that; or `countersign user add --username <name> --role admin` prints an invitation link)"
+            SetupLink::Pending { expires_at } => super::announce(
+                "INFO",
+                &format!(
+                    "no admin account yet: the setup link printed earlier works until {expires_at} (a new one is printed at the first start after that; or `countersign user add --username <name> --role admin` prints an invitation link)"
+                ),
             ),
         }
     }
     if gate.list_tokens().await?.iter().all(|t| !t.is_active()) {
-        eprintln!(
-            "no tokens yet: create one with `countersign token create --role agent --name my-agent` (and --role approver for people who decide)"
+        super::announce(
+            "INFO",
+            "no tokens yet: create one with `countersign token create --role agent --name my-agent` (and --role approver for people who decide)",
         );
     }
 
@@ -211,7 +224,10 @@ async fn run_gateway(
     for upstream in gateway.upstreams() {
         match upstream.peer().await {
             Ok(_) => tracing::info!(upstream = %upstream.name, "gateway upstream connected"),
-            Err(reason) => eprintln!("warning: {reason} (tried again when a call needs it)"),
+            Err(reason) => super::announce(
+                "WARN",
+                &format!("{reason} (tried again when a call needs it)"),
+            ),
         }
     }
     let settings = gateway.settings();

@@ -26,4 +26,5 @@ mod instances;
 mod operate;
 mod policies;
 mod quorum;
+mod shipping;
 mod webhooks;
