@@ -51,7 +51,7 @@ pub async fn run(config: &Config, args: &HealthcheckArgs) -> anyhow::Result<Exit
 }
 
 /// Where to reach a server listening on `listen` from the same machine.
-fn loopback_for(listen: SocketAddr) -> SocketAddr {
+pub(crate) fn loopback_for(listen: SocketAddr) -> SocketAddr {
     match listen.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => {
             SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), listen.port())

@@ -46,6 +46,10 @@ pub async fn run(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCode> {
     let (gate, principal, shutdown) =
         runtime::open_agent(config, args.agent_name.as_deref(), true).await?;
     tracing::info!(agent = %principal.id, data_dir = %config.data_dir.display(), "serving MCP over stdio");
+    tokio::spawn(warn_if_nobody_notifies(
+        config.clone(),
+        gate.keys().signer().kid().to_string(),
+    ));
     let service = McpService::new(gate, Identity::Fixed(principal), false);
     let running = service
         .serve(rmcp::transport::stdio())
@@ -100,4 +104,39 @@ async fn approval_gate(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCo
     running.waiting().await.context("the MCP session failed")?;
     shutdown.cancel();
     Ok(ExitCode::SUCCESS)
+}
+
+/// Slack, email, webhooks and reminders are sent by `serve` alone: a stdio `mcp` with
+/// channels configured and no `serve` of this installation (the same signing key) at the
+/// configured listen address would notify nobody of its requests, silently. Says so
+/// once, on stderr.
+async fn warn_if_nobody_notifies(config: Config, kid: String) {
+    if config.notify.is_empty() && config.notify.reminders.is_none() {
+        return;
+    }
+    let at = crate::cmd::healthcheck::loopback_for(config.listen);
+    let answer = match reqwest::Client::builder()
+        .no_proxy()
+        .timeout(std::time::Duration::from_secs(2))
+        .build()
+    {
+        Ok(client) => client.get(format!("http://{at}/healthz")).send().await.ok(),
+        Err(_) => None,
+    };
+    let served_here = match answer {
+        Some(answer) => answer
+            .json::<serde_json::Value>()
+            .await
+            .is_ok_and(|body| body["kid"] == kid.as_str()),
+        None => false,
+    };
+    if !served_here {
+        crate::cmd::announce(
+            "WARN",
+            &format!(
+                "channels (Slack, email, webhooks, reminders) are configured, but they are sent only by `countersign serve`, and no serve of this data directory answers at {at}: nobody is notified of the requests made here until one runs (`countersign serve --data-dir {}`)",
+                config.data_dir.display()
+            ),
+        );
+    }
 }

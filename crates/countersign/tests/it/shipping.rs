@@ -158,3 +158,81 @@ async fn json_logs_and_the_health_check() {
     );
     assert!(down.stdout.starts_with("unhealthy:"), "{}", down.stdout);
 }
+
+/// Stderr lines of `countersign mcp` on `data` for `within`, its stdin held open.
+fn mcp_stderr(data: &std::path::Path, within: Duration, until: &str) -> Vec<String> {
+    let mut child = std::process::Command::new(bin())
+        .args(["mcp", "--data-dir"])
+        .arg(data)
+        .env_remove("COUNTERSIGN_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + within;
+    let mut lines = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(std::time::Instant::now()) {
+        match rx.recv_timeout(left) {
+            Ok(line) => {
+                let done = line.contains(until);
+                lines.push(line);
+                if done {
+                    break;
+                }
+            }
+            Err(_) => break,
+        }
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    lines
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stdio_mcp_with_channels_and_no_serve_says_nobody_is_notified() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    std::fs::write(
+        data.join("countersign.toml"),
+        format!(
+            "listen = \"127.0.0.1:{port}\"\n\n[[webhooks]]\nname = \"audit\"\nurl = \"http://127.0.0.1:9/hook\"\nsecret = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n"
+        ),
+    )
+    .unwrap();
+    const SAID: &str = "nobody is notified";
+
+    let lines = mcp_stderr(&data, Duration::from_secs(10), SAID);
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.contains(SAID) && l.contains(&port.to_string())),
+        "no warning without serve: {lines:?}"
+    );
+
+    // With this installation's serve at the configured address: nothing to say.
+    let mut cmd = serve_command();
+    cmd.arg("--data-dir").arg(&data);
+    let server = Server::spawn(cmd);
+    assert_eq!(server.addr.port(), port);
+    let lines = mcp_stderr(&data, Duration::from_secs(4), SAID);
+    assert!(
+        !lines.iter().any(|l| l.contains(SAID)),
+        "warned with serve running: {lines:?}"
+    );
+}
