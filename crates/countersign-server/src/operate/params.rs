@@ -17,8 +17,10 @@ use crate::error::GateError;
 
 /// The largest overrides file read or written.
 const MAX_OVERRIDES_BYTES: usize = 1024 * 1024;
+/// How long one read or write of the overrides file may take.
+pub const REMOTE_BOUND: Duration = Duration::from_secs(60);
 const REMOTE: Bounds = Bounds {
-    timeout: Duration::from_secs(60),
+    timeout: REMOTE_BOUND,
     max_output_bytes: MAX_OVERRIDES_BYTES + 1,
 };
 
@@ -231,6 +233,52 @@ pub struct ParamsList {
     pub declared: Vec<ParamEntry>,
     /// Overrides of names the manifest does not declare (left as they are).
     pub undeclared: Map<String, Value>,
+}
+
+impl ParamsList {
+    /// As a person reads it: each declared parameter, its type, the override in force
+    /// (or "(default)") and its description; then overrides the manifest does not
+    /// declare.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "{} parameter(s) declared; overrides in {}\n\n",
+            self.declared.len(),
+            self.file
+        );
+        for p in &self.declared {
+            let now = p
+                .value
+                .as_ref()
+                .map_or("(default)".into(), |v| v.to_string());
+            let mut bounds = Vec::new();
+            if let Some(min) = p.spec.min {
+                bounds.push(format!("min {min}"));
+            }
+            if let Some(max) = p.spec.max {
+                bounds.push(format!("max {max}"));
+            }
+            if let Some(allowed) = &p.spec.allowed {
+                let allowed: Vec<String> = allowed.iter().map(Value::to_string).collect();
+                bounds.push(format!("one of {}", allowed.join(", ")));
+            }
+            let bounds = if bounds.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", bounds.join("; "))
+            };
+            out.push_str(&format!(
+                "  {:<28} {:<5} = {:<12} {}{bounds}\n",
+                p.name,
+                format!("{:?}", p.spec.ty).to_lowercase(),
+                now,
+                p.spec.description
+            ));
+        }
+        for (name, value) in &self.undeclared {
+            out.push_str(&format!("  {name:<28} (not declared) = {value}\n"));
+        }
+        out
+    }
 }
 
 impl ParamsConfig {

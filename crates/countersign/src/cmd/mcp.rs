@@ -1,8 +1,11 @@
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use countersign_server::mcp::approval_gate::{self, ApprovalGateService};
+use countersign_server::operate::Operations;
 use countersign_server::{Identity, McpService};
 use rmcp::ServiceExt;
 
@@ -74,6 +77,7 @@ async fn approval_gate(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCo
     }
     let (gate, agent, shutdown) =
         runtime::open_agent(config, args.agent_name.as_deref(), true).await?;
+    let gate_for_ops = gate.clone();
     let service = match &args.remote.token_file {
         Some(file) => {
             if args.agent_name.is_some() {
@@ -92,6 +96,15 @@ async fn approval_gate(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCo
             tracing::warn!(caller = %agent.id, "no --token-file: serving the approval-gate profile as the local agent, which may call none of its tools (they need an approver's token)");
             ApprovalGateService::new(gate, Identity::Fixed(agent), config.bridges.clone())
         }
+    };
+    let service = if config.operate.is_empty() {
+        service
+    } else {
+        service.with_operations(Arc::new(Operations::new(
+            gate_for_ops,
+            Arc::new(config.operate.clone()),
+            format!("mcp-{}", std::process::id()),
+        )))
     };
     let running = service
         .serve(rmcp::transport::stdio())

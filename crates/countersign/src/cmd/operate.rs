@@ -10,8 +10,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Subcommand};
-use countersign_server::operate::{Operation, Operations, Performed};
+use countersign_server::operate::{Hold, Operation, Operations, Performed};
 use countersign_server::views::ApprovalView;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::runtime;
@@ -165,27 +166,7 @@ pub async fn params(config: &Config, command: ParamsCommand) -> anyhow::Result<E
                 println!("{}", serde_json::to_string_pretty(&list)?);
                 return Ok(ExitCode::SUCCESS);
             }
-            println!(
-                "{} parameter(s) declared; overrides in {}",
-                list.declared.len(),
-                list.file
-            );
-            for p in &list.declared {
-                let now = p
-                    .value
-                    .as_ref()
-                    .map_or("(default)".into(), |v| v.to_string());
-                println!(
-                    "  {:<28} {:<5} = {:<12} {}",
-                    p.name,
-                    format!("{:?}", p.spec.ty).to_lowercase(),
-                    now,
-                    p.spec.description
-                );
-            }
-            for (name, value) in &list.undeclared {
-                println!("  {name:<28} (not declared) = {value}");
-            }
+            print!("{}", list.render());
             Ok(ExitCode::SUCCESS)
         }
         ParamsCommand::Set { name, value, wait } => {
@@ -243,14 +224,19 @@ async fn perform(
     if wait.hold > MAX_HOLD_SECONDS {
         anyhow::bail!("--hold: give at most {MAX_HOLD_SECONDS} seconds");
     }
-    let performed = ops
-        .perform(who, &op, SESSION, Duration::from_secs(wait.hold), &mut |request| {
-            eprintln!(
-                "countersign: waiting for a decision on request {} ({}): another approver decides it (yours would be a self-approval)",
-                request.id, request.action.description
-            );
-        })
-        .await?;
+    let mut waiting = |request: &countersign_core::ApprovalRequest| {
+        eprintln!(
+            "countersign: waiting for a decision on request {} ({}): another approver decides it (yours would be a self-approval)",
+            request.id, request.action.description
+        );
+    };
+    let hold = Hold {
+        time: Duration::from_secs(wait.hold),
+        waiting: &mut waiting,
+        progress: &mut |_| {},
+        cancel: &CancellationToken::new(),
+    };
+    let performed = ops.perform(who, &op, SESSION, hold).await?;
     let (request, code) = match &performed {
         Performed::Done { request, executed } => {
             if !wait.json {
