@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use countersign_core::evidence::OutcomeStatus;
-use countersign_core::{ApprovalRequest, AuthorizationType, Principal};
+use countersign_core::{ApprovalRequest, AuthorizationType, Principal, Status};
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{JsonObject, Tool, ToolAnnotations};
 use rmcp::service::RequestContext;
@@ -24,6 +24,7 @@ use super::approval_gate::{ApprovalGateService, Shown};
 use crate::error::GateError;
 use crate::operate::{
     Executed, Hold, Operation, Operations, ParamsList, Performed, ProbeOutput, ProcessStatus,
+    REFUSAL_SHOWN,
 };
 use crate::views::ApprovalView;
 
@@ -451,7 +452,7 @@ fn answer(performed: Performed, tool: &str) -> Shown<OperationAnswer> {
         }
         Performed::Pending { request } => {
             let text = format!(
-                "Waiting for a decision: {}\n\n  Request:  {}\n  Status:   pending (nothing has run)\n  Decides:  another approver, not you (a requester may not approve their own request), or a policy that allows it\n            from the dashboard, Slack, email or `countersign approve {}`\n  Expires:  {}\n\nCall {tool} again with the same arguments to check back: it joins this request, and runs it once when approved.",
+                "Waiting for a decision: {}\n\n  Request:  {}\n  Status:   pending (nothing has run)\n  Decides:  another approver, not you (a requester may not approve their own request), or a policy that allows it\n            from the dashboard, Slack, email or `countersign approve {}`\n  Expires:  {}\n\nCall {tool} again with the same arguments to check back: it joins this request (it does not ask twice) and, once the request is approved, carries it out, once. Nothing runs until you call again.",
                 request.action.description, request.id, request.id, request.expires_at
             );
             Shown {
@@ -464,18 +465,27 @@ fn answer(performed: Performed, tool: &str) -> Shown<OperationAnswer> {
                 },
             }
         }
-        Performed::Refused { request, reason } => Shown {
-            text: format!(
+        Performed::Refused { request, reason } => {
+            let mut text = format!(
                 "Refused: {}\n\n  Request:  {}\n  Reason:   {reason}\n",
                 request.action.description, request.id
-            ),
-            value: OperationAnswer {
-                state: "refused",
-                request: ApprovalView::new(&request),
-                executed: None,
-                reason: Some(reason),
-            },
-        },
+            );
+            if request.status != Status::Approved {
+                text.push_str(&format!(
+                    "\nNothing ran. Asking again within {} minutes of the decision gives this answer; after that it is a new request.\n",
+                    REFUSAL_SHOWN.as_secs() / 60
+                ));
+            }
+            Shown {
+                text,
+                value: OperationAnswer {
+                    state: "refused",
+                    request: ApprovalView::new(&request),
+                    executed: None,
+                    reason: Some(reason),
+                },
+            }
+        }
     }
 }
 

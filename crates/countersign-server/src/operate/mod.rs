@@ -50,6 +50,9 @@ const OUTCOME_OUTPUT_BYTES: usize = 8 * 1024;
 const MAX_ATTEMPTS: u32 = 1000;
 /// One wait for a decision, before it is renewed.
 const WAIT_SLICE: Duration = Duration::from_secs(30);
+/// How long asking again for an operation that was refused answers that refusal,
+/// before it is a new request.
+pub const REFUSAL_SHOWN: Duration = Duration::from_secs(10 * 60);
 /// The claim's detail that names the instance that claimed an operation.
 const CLAIMED_BY: &str = "executed_by";
 /// The longest `run_timeout_seconds` the config accepts.
@@ -713,7 +716,9 @@ fn person(who: &Principal) -> Result<(), GateError> {
 }
 
 /// Whether an ask joins `request` (found by its key) instead of making a new one: while
-/// it waits, while its approval is usable and unused, and while its run has no outcome.
+/// it waits, while its approval is usable and unused, while its run has no outcome, and
+/// for [`REFUSAL_SHOWN`] after it was rejected, timed out or cancelled (so that the
+/// person who checks back learns why nothing ran, instead of asking again unawares).
 fn joins(request: &ApprovalRequest, now: countersign_core::Timestamp) -> bool {
     match request.status {
         Status::Pending => true,
@@ -722,7 +727,14 @@ fn joins(request: &ApprovalRequest, now: countersign_core::Timestamp) -> bool {
             (Some(_), None) => true,
             (Some(_), Some(_)) => false,
         },
-        Status::Rejected | Status::TimedOut | Status::Cancelled => false,
+        Status::Rejected | Status::TimedOut | Status::Cancelled => {
+            let closed = request
+                .closed_at
+                .or(request.decision.as_ref().map(|d| d.decided_at))
+                .unwrap_or(request.requested_at);
+            let shown = i64::try_from(REFUSAL_SHOWN.as_millis()).unwrap_or(i64::MAX);
+            now.millis().saturating_sub(closed.millis()) < shown
+        }
     }
 }
 
