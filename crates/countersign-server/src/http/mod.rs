@@ -23,6 +23,7 @@ mod email_links;
 pub mod error;
 mod gateway;
 pub mod guard;
+mod operate;
 mod rest;
 mod rooms;
 mod server;
@@ -358,7 +359,17 @@ fn token_routes() -> Router<AppState> {
             "/requests/{id}/outcome",
             post(rest::record::<rest::OutcomeBody>),
         );
-    let decide = Router::new().route("/requests", get(rest::list_requests));
+    let decide = Router::new()
+        .route("/requests", get(rest::list_requests))
+        .route("/operate/processes/{name}/status", get(operate::status))
+        .route("/operate/processes/{name}/logs", get(operate::logs))
+        .route("/operate/processes/{name}/restart", post(operate::restart))
+        .route("/operate/processes/{name}/run", post(operate::run))
+        .route("/operate/params", get(operate::list_params))
+        .route("/operate/params/clear", post(operate::clear_params))
+        .route("/operate/params/set", post(operate::set_param))
+        .route("/operate/probes", get(operate::probes))
+        .route("/operate/probes/{name}", post(operate::probe));
     let verify = Router::new().route("/proofs/verify", post(rest::verify_proof));
     let redeem = Router::new().route("/proofs/redeem", post(rest::redeem_proof));
     let evidence = Router::new()

@@ -23,10 +23,10 @@ use super::ToolError;
 use super::approval_gate::{ApprovalGateService, Shown};
 use crate::error::GateError;
 use crate::operate::{
-    Executed, Hold, Operation, Operations, ParamsList, Performed, ProbeOutput, ProcessStatus,
+    DetachedHold, Operation, Operations, ParamsList, Performed, ProbeOutput, ProcessStatus,
     REFUSAL_SHOWN,
 };
-use crate::views::ApprovalView;
+use crate::views::OperationView;
 
 /// How long a change waits for its decision unless the caller says (as
 /// wait_for_approval), and at most.
@@ -118,17 +118,6 @@ pub struct ClearParamInput {
     pub wait_seconds: Option<u64>,
 }
 
-/// What a change came to: `state` is `done`, `pending` or `refused`.
-#[derive(Debug, Clone, Serialize)]
-pub struct OperationAnswer {
-    pub state: &'static str,
-    pub request: ApprovalView,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub executed: Option<Executed>,
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-}
-
 #[derive(Debug, Clone, Serialize)]
 pub struct LogsAnswer {
     pub process: String,
@@ -148,7 +137,7 @@ impl ApprovalGateService {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Shown<ProcessStatus>, ToolError> {
         let (ops, who) = self.operations(&ctx).await?;
-        let process = one_process(ops, input.process)?;
+        let process = one_process(&ops, input.process)?;
         let status = ops.status(&who, &process).await?;
         Ok(Shown {
             text: status.render(),
@@ -166,7 +155,7 @@ impl ApprovalGateService {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Shown<LogsAnswer>, ToolError> {
         let (ops, who) = self.operations(&ctx).await?;
-        let process = one_process(ops, input.process)?;
+        let process = one_process(&ops, input.process)?;
         let lines = input.lines.unwrap_or(DEFAULT_LOG_LINES);
         let log = ops.logs(&who, &process, lines).await?;
         Ok(Shown {
@@ -192,9 +181,9 @@ impl ApprovalGateService {
         &self,
         Parameters(input): Parameters<RestartInput>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Shown<OperationAnswer>, ToolError> {
+    ) -> Result<Shown<OperationView>, ToolError> {
         let (ops, who) = self.operations(&ctx).await?;
-        let process = one_process(ops, input.process)?;
+        let process = one_process(&ops, input.process)?;
         let op = Operation::Restart { process };
         perform(ops, &who, op, "restart_process", input.wait_seconds, &ctx).await
     }
@@ -212,9 +201,9 @@ impl ApprovalGateService {
         &self,
         Parameters(input): Parameters<RunInput>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Shown<OperationAnswer>, ToolError> {
+    ) -> Result<Shown<OperationView>, ToolError> {
         let (ops, who) = self.operations(&ctx).await?;
-        let process = one_process(ops, input.process)?;
+        let process = one_process(&ops, input.process)?;
         let op = Operation::Run {
             process,
             command: input.cmd,
@@ -254,7 +243,7 @@ impl ApprovalGateService {
         &self,
         Parameters(input): Parameters<SetParamInput>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Shown<OperationAnswer>, ToolError> {
+    ) -> Result<Shown<OperationView>, ToolError> {
         let (ops, who) = self.operations(&ctx).await?;
         let op = Operation::SetParam {
             name: input.name,
@@ -276,7 +265,7 @@ impl ApprovalGateService {
         &self,
         Parameters(input): Parameters<ClearParamInput>,
         ctx: RequestContext<RoleServer>,
-    ) -> Result<Shown<OperationAnswer>, ToolError> {
+    ) -> Result<Shown<OperationView>, ToolError> {
         let (ops, who) = self.operations(&ctx).await?;
         let name = (input.name != "all").then_some(input.name);
         let op = Operation::ClearParam { name };
@@ -289,9 +278,9 @@ impl ApprovalGateService {
     async fn operations(
         &self,
         ctx: &RequestContext<RoleServer>,
-    ) -> Result<(&Operations, Principal), GateError> {
+    ) -> Result<(Arc<Operations>, Principal), GateError> {
         let decider = self.operator(ctx).await?;
-        let ops = self.ops.as_deref().ok_or_else(|| {
+        let ops = self.ops.clone().ok_or_else(|| {
             GateError::NotFound(
                 "process operations: no [[process]], [params] or [[probe]] is configured".into(),
             )
@@ -367,13 +356,13 @@ fn one_process(ops: &Operations, named: Option<String>) -> Result<String, GateEr
 /// Asks for `op`, waits for the decision (reporting progress), carries it out once if
 /// approved, and says where it stands.
 async fn perform(
-    ops: &Operations,
+    ops: Arc<Operations>,
     who: &Principal,
     op: Operation,
     tool: &str,
     wait_seconds: Option<u64>,
     ctx: &RequestContext<RoleServer>,
-) -> Result<Shown<OperationAnswer>, ToolError> {
+) -> Result<Shown<OperationView>, ToolError> {
     let seconds = wait_seconds.unwrap_or(DEFAULT_WAIT_SECONDS);
     if seconds > MAX_WAIT_SECONDS {
         return Err(GateError::BadInput(format!(
@@ -382,7 +371,7 @@ async fn perform(
         .into());
     }
     let mut report = super::progress_reporter(ctx, seconds as f64);
-    let mut waiting = |request: &ApprovalRequest| {
+    let waiting = move |request: &ApprovalRequest| {
         report(
             0.0,
             &format!(
@@ -392,29 +381,23 @@ async fn perform(
         );
     };
     let mut report = super::progress_reporter(ctx, seconds as f64);
-    let mut progress = |waited: Duration| {
+    let progress = move |waited: Duration| {
         report(
             waited.as_secs_f64(),
             "waiting for another approver's decision",
         )
     };
-    let performed = ops
-        .perform(
-            who,
-            &op,
-            SESSION,
-            Hold {
-                time: Duration::from_secs(seconds),
-                waiting: &mut waiting,
-                progress: &mut progress,
-                cancel: &ctx.ct,
-            },
-        )
-        .await?;
+    let hold = DetachedHold {
+        time: Duration::from_secs(seconds),
+        waiting: Box::new(waiting),
+        progress: Box::new(progress),
+        cancel: ctx.ct.clone(),
+    };
+    let performed = ops.perform_detached(who.clone(), op, SESSION, hold).await?;
     Ok(answer(performed, tool))
 }
 
-fn answer(performed: Performed, tool: &str) -> Shown<OperationAnswer> {
+fn answer(performed: Performed, tool: &str) -> Shown<OperationView> {
     match performed {
         Performed::Done { request, executed } => {
             let how = decided_by(&request);
@@ -442,12 +425,7 @@ fn answer(performed: Performed, tool: &str) -> Shown<OperationAnswer> {
             }
             Shown {
                 text,
-                value: OperationAnswer {
-                    state: "done",
-                    request: ApprovalView::new(&request),
-                    executed: Some(executed),
-                    reason: None,
-                },
+                value: OperationView::new(&Performed::Done { request, executed }),
             }
         }
         Performed::Pending { request } => {
@@ -457,12 +435,7 @@ fn answer(performed: Performed, tool: &str) -> Shown<OperationAnswer> {
             );
             Shown {
                 text,
-                value: OperationAnswer {
-                    state: "pending",
-                    request: ApprovalView::new(&request),
-                    executed: None,
-                    reason: None,
-                },
+                value: OperationView::new(&Performed::Pending { request }),
             }
         }
         Performed::Refused { request, reason } => {
@@ -478,12 +451,7 @@ fn answer(performed: Performed, tool: &str) -> Shown<OperationAnswer> {
             }
             Shown {
                 text,
-                value: OperationAnswer {
-                    state: "refused",
-                    request: ApprovalView::new(&request),
-                    executed: None,
-                    reason: Some(reason),
-                },
+                value: OperationView::new(&Performed::Refused { request, reason }),
             }
         }
     }

@@ -58,6 +58,14 @@ const CLAIMED_BY: &str = "executed_by";
 /// The longest `run_timeout_seconds` the config accepts.
 const MAX_RUN_BOUND: Duration = Duration::from_secs(3600);
 
+/// How [`Operations::perform_detached`] waits for a decision.
+pub struct DetachedHold {
+    pub time: Duration,
+    pub waiting: Box<dyn FnMut(&ApprovalRequest) + Send>,
+    pub progress: Box<dyn FnMut(Duration) + Send>,
+    pub cancel: tokio_util::sync::CancellationToken,
+}
+
 /// How [`Operations::perform`] waits for a decision.
 pub struct Hold<'a> {
     /// How long, at most; the request stays open after.
@@ -106,7 +114,7 @@ pub enum Operation {
 }
 
 /// What came of an operation that was carried out.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct Executed {
     pub status: OutcomeStatus,
     pub summary: String,
@@ -296,6 +304,38 @@ impl Operations {
             };
         }
         self.settle(who, &bound, request).await
+    }
+
+    /// [`perform`](Self::perform) in a task of its own, for callers whose future may be
+    /// dropped (an HTTP request whose client went away): dropping this future only
+    /// stops the wait (the request stays open); a run already claimed goes on to its
+    /// end and its outcome is recorded.
+    pub async fn perform_detached(
+        self: Arc<Self>,
+        who: Principal,
+        op: Operation,
+        session: &'static str,
+        hold: DetachedHold,
+    ) -> Result<Performed, GateError> {
+        let cancel = hold.cancel.child_token();
+        let _stop_waiting_when_dropped = cancel.clone().drop_guard();
+        let task = tokio::spawn(async move {
+            let DetachedHold {
+                time,
+                mut waiting,
+                mut progress,
+                ..
+            } = hold;
+            let hold = Hold {
+                time,
+                waiting: &mut *waiting,
+                progress: &mut *progress,
+                cancel: &cancel,
+            };
+            self.perform(&who, &op, session, hold).await
+        });
+        task.await
+            .map_err(|e| GateError::Internal(format!("an operation's task failed: {e}")))?
     }
 
     /// Records `unknown` as the outcome of the operations claimed (by any instance)

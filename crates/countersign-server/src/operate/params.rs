@@ -217,7 +217,8 @@ pub struct ParamsConfig {
 }
 
 /// One declared parameter and its override, if set.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "EntryWire")]
 pub struct ParamEntry {
     pub name: String,
     #[serde(flatten)]
@@ -226,8 +227,43 @@ pub struct ParamEntry {
     pub value: Option<Value>,
 }
 
+/// A [`ParamEntry`] as read back (a `--server` client): the spec's fields beside the
+/// name and value, which the manifest's own strict reading would refuse.
+#[derive(Deserialize)]
+struct EntryWire {
+    name: String,
+    #[serde(rename = "type")]
+    ty: ParamType,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    min: Option<f64>,
+    #[serde(default)]
+    max: Option<f64>,
+    #[serde(default)]
+    allowed: Option<Vec<Value>>,
+    #[serde(default)]
+    value: Option<Value>,
+}
+
+impl From<EntryWire> for ParamEntry {
+    fn from(w: EntryWire) -> Self {
+        Self {
+            name: w.name,
+            spec: ParamSpec {
+                ty: w.ty,
+                description: w.description,
+                min: w.min,
+                max: w.max,
+                allowed: w.allowed,
+            },
+            value: w.value,
+        }
+    }
+}
+
 /// What `list_params` answers.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ParamsList {
     pub file: String,
     pub declared: Vec<ParamEntry>,

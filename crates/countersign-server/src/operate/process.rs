@@ -42,7 +42,7 @@ pub struct ProcessConfig {
 }
 
 /// What `process_status` answers.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct ProcessStatus {
     pub process: String,
     pub host: String,

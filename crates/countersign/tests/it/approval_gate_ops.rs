@@ -386,3 +386,141 @@ async fn approval_gate_operations_over_stdio() {
     assert_eq!(recorded["details"]["output"], "hello from work\n");
     assert_eq!(recorded["recorded_by"], "token:alice", "{recorded}");
 }
+
+/// `/api/v1/operate` and `countersign process|params|probe --server URL --token-file F`:
+/// the CLI runs in a data directory of its own (no config, no database), so everything
+/// it shows comes from the server.
+#[tokio::test]
+async fn approval_gate_operations_over_rest_and_the_remote_cli() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let work = dir.path().join("work");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir_all(&elsewhere).unwrap();
+    let script = worker(&work);
+    let _reaper = Reaper(path_str(&script).to_string());
+    configure(&data, &work, &script, "host = \"local\"", "");
+    let alice = create_token(&data, "approver", "alice").await;
+    let bob = create_token(&data, "approver", "bob").await;
+    let agent = create_token(&data, "agent", "worker-bot").await;
+    let server = Server::start(&data);
+    let alice_file = dir.path().join("alice.token");
+    std::fs::write(&alice_file, format!("{alice}\n")).unwrap();
+    // The flags after the command's name (before a trailing `-- CMD`), as a user types.
+    let remote = |args: &[&str]| {
+        let mut all: Vec<String> = vec![args[0].to_string()];
+        all.extend([
+            "--server".into(),
+            server.base.clone(),
+            "--token-file".into(),
+            path_str(&alice_file).into(),
+        ]);
+        all.extend(args[1..].iter().map(|s| s.to_string()));
+        all
+    };
+
+    // An agent's token: refused, nothing asked.
+    let (code, body) = server
+        .get("/api/v1/operate/processes/worker/status", Some(&agent))
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN, "{body}");
+    let (code, body) = server
+        .post(
+            "/api/v1/operate/processes/worker/restart",
+            Some(&agent),
+            &json!({}),
+        )
+        .await;
+    assert_eq!(code, StatusCode::FORBIDDEN, "{body}");
+    no_pending(&server, &alice).await;
+
+    // Reads.
+    let args = remote(&["process", "status", "worker", "--json"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let status: Value = serde_json::from_str(&common::run_ok(&elsewhere, &args).await).unwrap();
+    assert_eq!(status["running"], false, "{status}");
+    assert_eq!(status["process"], "worker");
+    let args = remote(&["params", "list", "--json"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let list: Value = serde_json::from_str(&common::run_ok(&elsewhere, &args).await).unwrap();
+    assert_eq!(list["declared"].as_array().unwrap().len(), 3, "{list}");
+    let args = remote(&["probe", "run", "chatty", "--json"]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let out = common::run(&elsewhere, &args).await;
+    let probe: Value = serde_json::from_str(&out.stdout).unwrap();
+    assert_eq!(probe["truncated"], true, "{out}");
+
+    // A command through the server: held until bob approves, run once, recorded.
+    let args = remote(&[
+        "process",
+        "run",
+        "worker",
+        "--json",
+        "--",
+        "echo",
+        "remote $(basename $PWD)",
+    ]);
+    let mut cmd = common::command(
+        &elsewhere,
+        &args.iter().map(String::as_str).collect::<Vec<_>>(),
+    );
+    cmd.stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let child = cmd.spawn().unwrap();
+    let request = pending_one(&server, &bob).await;
+    let id = request["request_id"].as_str().unwrap().to_string();
+    assert_eq!(request["requested_by"], "token:alice");
+    assert_eq!(
+        request["action_details"]["cmd"],
+        "echo remote $(basename $PWD)"
+    );
+    approve_as_bob(&server, &id, &alice, &bob).await;
+    let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .unwrap()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let answer: Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(answer["request"]["request_id"], id.as_str());
+    assert_eq!(answer["executed"]["output"], "remote work\n", "{answer}");
+    assert_eq!(outcome(&data, &id)["details"]["output"], "remote work\n");
+
+    // A parameter the manifest refuses: 400, nothing asked.
+    let (code, body) = server
+        .post(
+            "/api/v1/operate/params/set",
+            Some(&alice),
+            &json!({"name": "mode", "value": "reckless"}),
+        )
+        .await;
+    assert_eq!(code, StatusCode::BAD_REQUEST, "{body}");
+    no_pending(&server, &alice).await;
+    // A valid one, not waited for: pending; rejected by bob; asked again: refused.
+    let (code, body) = server
+        .post(
+            "/api/v1/operate/params/set",
+            Some(&alice),
+            &json!({"name": "mode", "value": "safe", "hold_seconds": 0}),
+        )
+        .await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    assert_eq!(body["state"], "pending", "{body}");
+    let id = body["request"]["request_id"].as_str().unwrap();
+    let (code, _) = server.decide(id, &bob, "rejected").await;
+    assert_eq!(code, StatusCode::OK);
+    let (_, body) = server
+        .post(
+            "/api/v1/operate/params/set",
+            Some(&alice),
+            &json!({"name": "mode", "value": "safe", "hold_seconds": 0}),
+        )
+        .await;
+    assert_eq!(body["state"], "refused", "{body}");
+    assert_eq!(body["request"]["request_id"], id);
+    assert!(!work.join("params.json").exists());
+}
