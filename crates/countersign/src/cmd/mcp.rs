@@ -9,6 +9,7 @@ use countersign_server::operate::Operations;
 use countersign_server::{Identity, McpService};
 use rmcp::ServiceExt;
 
+use crate::cmd::serve::OPERATION_MARGIN;
 use crate::config::Config;
 use crate::remote::{Remote, RemoteArgs};
 use crate::runtime;
@@ -100,11 +101,22 @@ async fn approval_gate(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCo
     let service = if config.operate.is_empty() {
         service
     } else {
-        service.with_operations(Arc::new(Operations::new(
+        let ops = Arc::new(Operations::new(
             gate_for_ops,
             Arc::new(config.operate.clone()),
             format!("mcp-{}", std::process::id()),
-        )))
+        ));
+        // Without a `serve`, nothing else records `unknown` for an operation whose
+        // claimer died; a claim is only swept once its run must have ended.
+        match ops.sweep(OPERATION_MARGIN).await {
+            Ok(0) => {}
+            Ok(swept) => tracing::warn!(
+                swept,
+                "operations claimed by a process that stopped before recording their outcome are recorded as unknown"
+            ),
+            Err(err) => tracing::warn!(%err, "could not sweep the operations"),
+        }
+        service.with_operations(ops)
     };
     let running = service
         .serve(rmcp::transport::stdio())

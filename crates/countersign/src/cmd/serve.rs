@@ -227,7 +227,7 @@ fn operations(
 
 /// How long after an operation could have finished at the latest its claim is taken
 /// as left behind: a live instance records the outcome as soon as the run ends.
-const OPERATION_MARGIN: Duration = Duration::from_secs(120);
+pub const OPERATION_MARGIN: Duration = Duration::from_secs(120);
 
 /// Records `unknown` for operations claimed (by this or any instance, `serve` or a
 /// CLI command) whose run must have ended and that still have no outcome: whoever
