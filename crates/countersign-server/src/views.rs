@@ -615,3 +615,41 @@ pub fn parse_mode(mode: Option<&str>) -> Result<countersign_core::bundle::Mode, 
         ))),
     }
 }
+
+/// What a process operation came to (the approval-gate profile's changes and
+/// `/api/v1/operate`): `state` is `done`, `pending` or `refused`.
+#[derive(Debug, Clone, Serialize)]
+pub struct OperationView {
+    pub state: &'static str,
+    pub request: ApprovalView,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub executed: Option<crate::operate::Executed>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+impl OperationView {
+    pub fn new(performed: &crate::operate::Performed) -> Self {
+        use crate::operate::Performed;
+        match performed {
+            Performed::Done { request, executed } => Self {
+                state: "done",
+                request: ApprovalView::new(request),
+                executed: Some(executed.clone()),
+                reason: None,
+            },
+            Performed::Pending { request } => Self {
+                state: "pending",
+                request: ApprovalView::new(request),
+                executed: None,
+                reason: None,
+            },
+            Performed::Refused { request, reason } => Self {
+                state: "refused",
+                request: ApprovalView::new(request),
+                executed: None,
+                reason: Some(reason.clone()),
+            },
+        }
+    }
+}

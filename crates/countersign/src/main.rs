@@ -115,15 +115,12 @@ enum Command {
     MigrateData(cmd::migrate::MigrateDataArgs),
     /// Status, logs, restart and one-off commands of a `[[process]]` (docs/bridge.md);
     /// a restart or a command runs once another person approved it.
-    #[command(subcommand)]
-    Process(cmd::operate::ProcessCommand),
+    Process(cmd::operate::ProcessArgs),
     /// List, set and clear the parameters a process reads (`[params]`), checked against
     /// the manifest; a change runs once approved.
-    #[command(subcommand)]
-    Params(cmd::operate::ParamsCommand),
+    Params(cmd::operate::ParamsArgs),
     /// List and run the read-only probes (`[[probe]]`).
-    #[command(subcommand)]
-    Probe(cmd::operate::ProbeCommand),
+    Probe(cmd::operate::ProbeArgs),
     /// Check the data directory, database, key, listening address and channels (Slack,
     /// email, webhooks).
     Doctor(cmd::doctor::DoctorArgs),

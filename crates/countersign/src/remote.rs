@@ -105,6 +105,27 @@ impl Remote {
         format!("the server at {}", self.base)
     }
 
+    /// `GET path`, answered within `wait` and some slack.
+    pub async fn get_json<T: DeserializeOwned>(
+        &self,
+        path: &str,
+        wait: Duration,
+    ) -> Result<T, GateError> {
+        self.send::<(), T>(reqwest::Method::GET, path, None, wait)
+            .await
+    }
+
+    /// `POST path` with `body`, answered within `wait` and some slack.
+    pub async fn post_json<B: Serialize + ?Sized, T: DeserializeOwned>(
+        &self,
+        path: &str,
+        body: &B,
+        wait: Duration,
+    ) -> Result<T, GateError> {
+        self.send(reqwest::Method::POST, path, Some(body), wait)
+            .await
+    }
+
     fn url(&self, path: &str) -> Result<reqwest::Url, GateError> {
         self.base
             .join(path)

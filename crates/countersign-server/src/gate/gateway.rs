@@ -236,48 +236,103 @@ impl Gate {
         older_than: Duration,
         ours: impl Fn(&ApprovalRequest, &str) -> Option<Principal>,
     ) -> Result<usize, GateError> {
+        self.sweep_where(requested_by, "forwarded_by", |request, claimed_by| {
+            let recorder = ours(request, claimed_by)?;
+            let upstream = request
+                .action
+                .details
+                .get(countersign_core::arguments::UPSTREAM_DETAIL)
+                .map_or("the upstream", String::as_str);
+            Some(Swept {
+                recorder,
+                older_than,
+                summary: format!(
+                    "no outcome: {claimed_by} stopped before {upstream} answered; whether the call ran is unknown, and it was not sent again"
+                ),
+            })
+        })
+        .await
+    }
+
+    /// Records `unknown` for the approved requests whose action was claimed with the
+    /// detail `claim_key` (naming who claimed it) longer ago than `bound` says for that
+    /// request (`None`: not one to sweep), and that have no outcome: whoever claimed it
+    /// stopped before it recorded one. Recorded as the requester, who alone records
+    /// outcomes. Returns how many.
+    pub async fn sweep_claims(
+        &self,
+        claim_key: &str,
+        bound: impl Fn(&ApprovalRequest) -> Option<Duration>,
+    ) -> Result<usize, GateError> {
+        self.sweep_where(None, claim_key, |request, claimed_by| {
+            let older_than = bound(request)?;
+            let requester = &request.requested_by;
+            // The requester's own identity: only it may record the outcome, and it is
+            // a person (operations are asked by approvers and admins).
+            let recorder = Principal::new(
+                requester.id.clone(),
+                &requester.display_name,
+                countersign_core::Role::Approver,
+                requester.auth_method,
+            );
+            Some(Swept {
+                recorder,
+                older_than,
+                summary: format!(
+                    "no outcome: {claimed_by} claimed it and stopped before recording what it did; whether it ran is unknown, and it was not run again"
+                ),
+            })
+        })
+        .await
+    }
+
+    async fn sweep_where(
+        &self,
+        requested_by: Option<String>,
+        claim_key: &str,
+        ours: impl Fn(&ApprovalRequest, &str) -> Option<Swept>,
+    ) -> Result<usize, GateError> {
         let query = countersign_store::RequestQuery {
             status: Some(Status::Approved),
             requested_by,
             limit: 1000,
         };
         let now = self.now();
-        let cutoff = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
         let mut swept = 0;
         for request in self.store.list_requests(&query).await? {
             let Some(action) = &request.action_record else {
                 continue;
             };
-            let Some(claimed_by) = action.details.get("forwarded_by") else {
+            let Some(claimed_by) = action.details.get(claim_key) else {
                 continue;
             };
-            if request.outcome.is_some()
-                || now.millis().saturating_sub(action.recorded_at.millis()) < cutoff
-            {
+            if request.outcome.is_some() {
                 continue;
             }
-            let Some(recorder) = ours(&request, claimed_by) else {
+            let Some(Swept {
+                recorder,
+                older_than,
+                summary,
+            }) = ours(&request, claimed_by)
+            else {
                 continue;
             };
-            let upstream = request
-                .action
-                .details
-                .get(countersign_core::arguments::UPSTREAM_DETAIL)
-                .map_or("the upstream", String::as_str);
-            let summary = format!(
-                "no outcome: {claimed_by} stopped before {upstream} answered; whether the call ran is unknown, and it was not sent again"
-            );
+            let cutoff = i64::try_from(older_than.as_millis()).unwrap_or(i64::MAX);
+            if now.millis().saturating_sub(action.recorded_at.millis()) < cutoff {
+                continue;
+            }
             match self
-                .forwarded(
+                .record_outcome(
                     &recorder,
                     request.id.as_str(),
                     OutcomeStatus::Unknown,
-                    summary,
+                    Some(summary),
+                    Default::default(),
                 )
                 .await
             {
                 Ok(_) => swept += 1,
-                // Recorded meanwhile (the forward finished after all): it stands.
+                // Recorded meanwhile (the run finished after all): it stands.
                 Err(err) => tracing::debug!(request = %request.id, %err, "not swept"),
             }
         }
@@ -310,6 +365,13 @@ fn gateway_only(who: &Principal) -> Result<(), GateError> {
             who.id
         )))
     }
+}
+
+/// What a sweep records for one request, and after how long.
+struct Swept {
+    recorder: Principal,
+    older_than: Duration,
+    summary: String,
 }
 
 /// The call's key among `who`'s requests: a hash of the session, the upstream, the tool,

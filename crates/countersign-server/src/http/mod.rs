@@ -23,6 +23,7 @@ mod email_links;
 pub mod error;
 mod gateway;
 pub mod guard;
+mod operate;
 mod rest;
 mod rooms;
 mod server;
@@ -50,6 +51,7 @@ use crate::mcp::approval_gate::{self, ApprovalGateService};
 use crate::mcp::gateway::GatewayService;
 use crate::mcp::{Identity, McpService};
 use crate::notify::NotifyConfig;
+use crate::operate::Operations;
 
 pub use server::{ConnectionLimits, serve, serve_with};
 
@@ -150,6 +152,8 @@ pub struct AppState {
     pub proxies: Arc<client::TrustedProxies>,
     /// The bridges this server runs (their records, for the Records page).
     pub bridges: Arc<Vec<BridgeConfig>>,
+    /// The process operations, parameters and probes, when configured.
+    pub operations: Option<Arc<Operations>>,
 }
 
 /// What a server serves beside its own routes.
@@ -159,6 +163,9 @@ pub struct Mounts {
     pub gateways: Vec<(String, GatewayService)>,
     /// The bridges whose records the approval-gate profile and the Records page read.
     pub bridges: Vec<BridgeConfig>,
+    /// `[[process]]`, `[params]` and `[[probe]]`: the approval-gate profile's process
+    /// tools and `/api/v1/operate`.
+    pub operations: Option<Arc<Operations>>,
 }
 
 /// What the inbound channel endpoints (`/slack/interactivity`, `/email/...`) need of
@@ -203,7 +210,7 @@ pub fn router_with_gateways(
         shutdown,
         Mounts {
             gateways,
-            bridges: Vec::new(),
+            ..Mounts::default()
         },
     )
 }
@@ -217,7 +224,11 @@ pub fn router_with(
     shutdown: CancellationToken,
     mounts: Mounts,
 ) -> Router {
-    let Mounts { gateways, bridges } = mounts;
+    let Mounts {
+        gateways,
+        bridges,
+        operations,
+    } = mounts;
     let state = AppState {
         gate: gate.clone(),
         hosts: Arc::new(guard::HostPolicy::new(&config.allowed_hosts)),
@@ -225,6 +236,7 @@ pub fn router_with(
         throttle: Arc::new(ui::Throttle::default()),
         proxies: Arc::new(config.trusted_proxies.clone()),
         bridges: Arc::new(bridges.clone()),
+        operations: operations.clone(),
     };
     // Built once: every stateless request gets a cheap clone.
     let mcp_service = McpService::new(gate.clone(), Identity::PerRequest, config.operator_tools);
@@ -253,7 +265,10 @@ pub fn router_with(
         served = served.nest_service(&format!("/mcp/gateway/{name}"), gateway);
     }
     // Each call's principal is its token's; the profile's tools check for an operator.
-    let profile_service = ApprovalGateService::new(gate.clone(), Identity::PerRequest, bridges);
+    let mut profile_service = ApprovalGateService::new(gate.clone(), Identity::PerRequest, bridges);
+    if let Some(ops) = operations {
+        profile_service = profile_service.with_operations(ops);
+    }
     let profile = StreamableHttpService::new(
         move || Ok(profile_service.clone()),
         Arc::new(NeverSessionManager::default()),
@@ -344,7 +359,17 @@ fn token_routes() -> Router<AppState> {
             "/requests/{id}/outcome",
             post(rest::record::<rest::OutcomeBody>),
         );
-    let decide = Router::new().route("/requests", get(rest::list_requests));
+    let decide = Router::new()
+        .route("/requests", get(rest::list_requests))
+        .route("/operate/processes/{name}/status", get(operate::status))
+        .route("/operate/processes/{name}/logs", get(operate::logs))
+        .route("/operate/processes/{name}/restart", post(operate::restart))
+        .route("/operate/processes/{name}/run", post(operate::run))
+        .route("/operate/params", get(operate::list_params))
+        .route("/operate/params/clear", post(operate::clear_params))
+        .route("/operate/params/set", post(operate::set_param))
+        .route("/operate/probes", get(operate::probes))
+        .route("/operate/probes/{name}", post(operate::probe));
     let verify = Router::new().route("/proofs/verify", post(rest::verify_proof));
     let redeem = Router::new().route("/proofs/redeem", post(rest::redeem_proof));
     let evidence = Router::new()

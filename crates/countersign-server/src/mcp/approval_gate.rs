@@ -32,6 +32,7 @@ use crate::bridge::proposals::{self, DecidedProposal, Listings, PendingProposals
 use crate::bridge::records::{self, RecordsReport, RecordsView};
 use crate::error::GateError;
 use crate::gate::Gate;
+use crate::operate::Operations;
 
 /// The profile's name, in `--profile` and `/mcp/profile/<name>`.
 pub const PROFILE: &str = "approval-gate";
@@ -47,8 +48,8 @@ records.json.";
 /// A tool's answer: the seed's text for people and models, and the same as structured
 /// content for programs.
 pub(crate) struct Shown<T> {
-    text: String,
-    value: T,
+    pub(crate) text: String,
+    pub(crate) value: T,
 }
 
 impl<T: Serialize> IntoCallToolResult for Shown<T> {
@@ -117,6 +118,8 @@ pub struct ApprovalGateService {
     caller: Caller,
     bridges: Arc<Vec<BridgeConfig>>,
     listings: Arc<Listings>,
+    /// The process operations, parameters and probes (`mcp/operate.rs`), when configured.
+    pub(super) ops: Option<Arc<Operations>>,
     router: ToolRouter<ApprovalGateService>,
 }
 
@@ -148,8 +151,32 @@ impl ApprovalGateService {
             caller,
             bridges: Arc::new(bridges),
             listings: Arc::new(listings),
+            ops: None,
             router: Self::profile_router(),
         }
+    }
+
+    /// Adds the process tools of `ops`: `process_status`, `process_logs`,
+    /// `restart_process` and `run_command` when a `[[process]]` is configured, the
+    /// parameter tools when `[params]` is, and each `[[probe]]` by its name.
+    pub fn with_operations(mut self, ops: Arc<Operations>) -> Self {
+        let mut router = Self::profile_router();
+        if !ops.processes().is_empty() {
+            router += Self::process_router();
+        }
+        if ops.has_params() {
+            router += Self::params_router();
+        }
+        self.router = router;
+        self.ops = Some(ops);
+        self
+    }
+
+    /// The configured probe `name`, if it is one.
+    fn is_probe(&self, name: &str) -> bool {
+        self.ops
+            .as_ref()
+            .is_some_and(|ops| ops.config().probes.iter().any(|p| p.name == name))
     }
 
     async fn caller(&self, ctx: &RequestContext<RoleServer>) -> Result<Principal, GateError> {
@@ -163,7 +190,10 @@ impl ApprovalGateService {
     }
 
     /// The caller as an operator, or why it is not one.
-    async fn operator(&self, ctx: &RequestContext<RoleServer>) -> Result<Decider, GateError> {
+    pub(super) async fn operator(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Decider, GateError> {
         let who = self.caller(ctx).await?;
         Decider::new(who.clone()).map_err(|_| GateError::Forbidden(refusal(&who)))
     }
@@ -332,9 +362,14 @@ impl ServerHandler for ApprovalGateService {
         _request: Option<PaginatedRequestParams>,
         context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        let tools = match self.operator(&context).await {
-            Ok(_) => self.router.list_all(),
-            Err(_) => Vec::new(),
+        let tools = match (self.operator(&context).await, &self.ops) {
+            (Ok(_), Some(ops)) => {
+                let mut tools = self.router.list_all();
+                tools.extend(super::operate::probe_tools(ops));
+                tools
+            }
+            (Ok(_), None) => self.router.list_all(),
+            (Err(_), _) => Vec::new(),
         };
         Ok(ListToolsResult::with_all_items(tools))
     }
@@ -344,7 +379,8 @@ impl ServerHandler for ApprovalGateService {
         request: CallToolRequestParams,
         context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        if !self.router.has_route(&request.name) {
+        let probe = self.is_probe(&request.name);
+        if !probe && !self.router.has_route(&request.name) {
             return Err(ErrorData::invalid_params(
                 format!(
                     "there is no tool {} in the {PROFILE} profile (the native tools are at /mcp, or `countersign mcp` without --profile)",
@@ -359,12 +395,29 @@ impl ServerHandler for ApprovalGateService {
                 None,
             ));
         }
+        if probe {
+            if request.arguments.as_ref().is_some_and(|a| !a.is_empty()) {
+                return Err(ErrorData::invalid_params(
+                    format!("probe {} takes no arguments", request.name),
+                    None,
+                ));
+            }
+            return self
+                .call_probe(&request.name, &context)
+                .await
+                .into_call_tool_result();
+        }
         self.router
             .call(ToolCallContext::new(self, request, context))
             .await
     }
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
-        self.router.get(name).cloned()
+        self.router.get(name).cloned().or_else(|| {
+            let ops = self.ops.as_ref()?;
+            super::operate::probe_tools(ops)
+                .into_iter()
+                .find(|t| t.name == name)
+        })
     }
 }

@@ -12,8 +12,10 @@
 
 mod agent;
 pub mod approval_gate;
+pub use operate::TOOL_NAMES as APPROVAL_GATE_TOOLS;
 mod evidence;
 pub mod gateway;
+mod operate;
 mod operator;
 mod proofs;
 mod rooms;

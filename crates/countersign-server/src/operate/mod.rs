@@ -50,6 +50,33 @@ const OUTCOME_OUTPUT_BYTES: usize = 8 * 1024;
 const MAX_ATTEMPTS: u32 = 1000;
 /// One wait for a decision, before it is renewed.
 const WAIT_SLICE: Duration = Duration::from_secs(30);
+/// How long asking again for an operation that was refused answers that refusal,
+/// before it is a new request.
+pub const REFUSAL_SHOWN: Duration = Duration::from_secs(10 * 60);
+/// The claim's detail that names the instance that claimed an operation.
+const CLAIMED_BY: &str = "executed_by";
+/// The longest `run_timeout_seconds` the config accepts.
+const MAX_RUN_BOUND: Duration = Duration::from_secs(3600);
+
+/// How [`Operations::perform_detached`] waits for a decision.
+pub struct DetachedHold {
+    pub time: Duration,
+    pub waiting: Box<dyn FnMut(&ApprovalRequest) + Send>,
+    pub progress: Box<dyn FnMut(Duration) + Send>,
+    pub cancel: tokio_util::sync::CancellationToken,
+}
+
+/// How [`Operations::perform`] waits for a decision.
+pub struct Hold<'a> {
+    /// How long, at most; the request stays open after.
+    pub time: Duration,
+    /// Told once, with the request, when a person must decide.
+    pub waiting: &'a mut (dyn FnMut(&ApprovalRequest) + Send),
+    /// Told how long it has waited so far, from time to time.
+    pub progress: &'a mut (dyn FnMut(Duration) + Send),
+    /// Stops the wait (not a run that started).
+    pub cancel: &'a tokio_util::sync::CancellationToken,
+}
 
 /// What `[[process]]`, `[params]` and `[[probe]]` resolve to.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -87,7 +114,7 @@ pub enum Operation {
 }
 
 /// What came of an operation that was carried out.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct Executed {
     pub status: OutcomeStatus,
     pub summary: String,
@@ -233,37 +260,118 @@ impl Operations {
         self.request(who, &bound, session).await
     }
 
-    /// Asks for `op` as `who`, waits up to `hold` for the decision (`waiting` is told
-    /// once, with the request, when a person must decide), and once approved claims the
-    /// approval and carries the operation out, once, recording what came of it.
+    /// Asks for `op` as `who`, waits up to `hold.time` for the decision, and once
+    /// approved claims the approval and carries the operation out, once, recording what
+    /// came of it. A cancelled wait answers `Pending` (the request stays open); once the
+    /// claim is made the operation runs to its end whatever the caller does, so that
+    /// its outcome is recorded.
     pub async fn perform(
         &self,
         who: &Principal,
         op: &Operation,
         session: &str,
-        hold: Duration,
-        waiting: &mut (dyn FnMut(&ApprovalRequest) + Send),
+        hold: Hold<'_>,
     ) -> Result<Performed, GateError> {
+        let Hold {
+            time,
+            waiting,
+            progress,
+            cancel,
+        } = hold;
         let bound = self.bind(who, op).await?;
         let mut request = self.request(who, &bound, session).await?;
-        let deadline = tokio::time::Instant::now() + hold;
+        let started = tokio::time::Instant::now();
+        let deadline = started + time;
         if request.status == Status::Pending {
             waiting(&request);
         }
         while request.status == Status::Pending {
             let now = tokio::time::Instant::now();
-            if now >= deadline {
+            if now >= deadline || cancel.is_cancelled() {
                 return Ok(Performed::Pending {
                     request: Box::new(request),
                 });
             }
             let slice = WAIT_SLICE.min(deadline - now);
-            request = self
-                .gate
-                .wait(who, request.id.as_str(), slice, &mut |_| {})
-                .await?;
+            let before = now - started;
+            let mut report = |waited: Duration| progress(before + waited);
+            let wait = self.gate.wait(who, request.id.as_str(), slice, &mut report);
+            request = tokio::select! {
+                waited = wait => waited?,
+                () = cancel.cancelled() => {
+                    return Ok(Performed::Pending { request: Box::new(request) });
+                }
+            };
         }
         self.settle(who, &bound, request).await
+    }
+
+    /// [`perform`](Self::perform) in a task of its own, for callers whose future may be
+    /// dropped (an HTTP request whose client went away): dropping this future only
+    /// stops the wait (the request stays open); a run already claimed goes on to its
+    /// end and its outcome is recorded.
+    pub async fn perform_detached(
+        self: Arc<Self>,
+        who: Principal,
+        op: Operation,
+        session: &'static str,
+        hold: DetachedHold,
+    ) -> Result<Performed, GateError> {
+        let cancel = hold.cancel.child_token();
+        let _stop_waiting_when_dropped = cancel.clone().drop_guard();
+        let task = tokio::spawn(async move {
+            let DetachedHold {
+                time,
+                mut waiting,
+                mut progress,
+                ..
+            } = hold;
+            let hold = Hold {
+                time,
+                waiting: &mut *waiting,
+                progress: &mut *progress,
+                cancel: &cancel,
+            };
+            self.perform(&who, &op, session, hold).await
+        });
+        task.await
+            .map_err(|e| GateError::Internal(format!("an operation's task failed: {e}")))?
+    }
+
+    /// Records `unknown` as the outcome of the operations claimed (by any instance)
+    /// longer ago than they can run, plus `margin`, that have none: whoever claimed
+    /// them stopped before it could record what they did. They are never run again
+    /// (the claim is single-use); the record says the result is unknown. Returns how
+    /// many were recorded.
+    pub async fn sweep(&self, margin: Duration) -> Result<usize, GateError> {
+        self.gate
+            .sweep_claims(CLAIMED_BY, |request| {
+                let details = &request.action.details;
+                if details.get("upstream").map(String::as_str) != Some(UPSTREAM) {
+                    return None;
+                }
+                let tool = details.get("tool").map_or("", String::as_str);
+                let bound = self.run_bound(tool, details.get("process").map(String::as_str))?;
+                Some(bound + margin)
+            })
+            .await
+    }
+
+    /// The longest an operation of `tool` (on `process`) runs once claimed, or `None`
+    /// for a tool that is not an operation.
+    fn run_bound(&self, tool: &str, process: Option<&str>) -> Option<Duration> {
+        match tool {
+            RESTART => Some(process::RESTART_BOUND),
+            RUN => Some(
+                process
+                    .and_then(|name| self.config.processes.iter().find(|p| p.name == name))
+                    // A process no longer configured: the longest a command may take.
+                    .map_or(MAX_RUN_BOUND, |p| p.run.timeout),
+            ),
+            // Read, then write: each bounded.
+            SET_PARAM | CLEAR_PARAM => Some(params::REMOTE_BOUND * 2),
+            _ => None,
+        }
     }
 
     /// Carries out the approved `request` of `bound` once, or says why not.
@@ -325,7 +433,7 @@ impl Operations {
             );
         }
         // The claim: durable and single-use before anything runs.
-        let claim = [("executed_by".to_string(), self.instance.clone())].into();
+        let claim = [(CLAIMED_BY.to_string(), self.instance.clone())].into();
         if let Err(err) = self
             .gate
             .record_action(who, &id, bound.tool.to_string(), claim)
@@ -400,7 +508,7 @@ impl Operations {
                 ran(
                     p.restart().await,
                     Bounds {
-                        timeout: Duration::from_secs(60),
+                        timeout: process::RESTART_BOUND,
                         max_output_bytes: 0,
                     },
                 )
@@ -648,7 +756,9 @@ fn person(who: &Principal) -> Result<(), GateError> {
 }
 
 /// Whether an ask joins `request` (found by its key) instead of making a new one: while
-/// it waits, while its approval is usable and unused, and while its run has no outcome.
+/// it waits, while its approval is usable and unused, while its run has no outcome, and
+/// for [`REFUSAL_SHOWN`] after it was rejected, timed out or cancelled (so that the
+/// person who checks back learns why nothing ran, instead of asking again unawares).
 fn joins(request: &ApprovalRequest, now: countersign_core::Timestamp) -> bool {
     match request.status {
         Status::Pending => true,
@@ -657,7 +767,14 @@ fn joins(request: &ApprovalRequest, now: countersign_core::Timestamp) -> bool {
             (Some(_), None) => true,
             (Some(_), Some(_)) => false,
         },
-        Status::Rejected | Status::TimedOut | Status::Cancelled => false,
+        Status::Rejected | Status::TimedOut | Status::Cancelled => {
+            let closed = request
+                .closed_at
+                .or(request.decision.as_ref().map(|d| d.decided_at))
+                .unwrap_or(request.requested_at);
+            let shown = i64::try_from(REFUSAL_SHOWN.as_millis()).unwrap_or(i64::MAX);
+            now.millis().saturating_sub(closed.millis()) < shown
+        }
     }
 }
 

@@ -17,8 +17,10 @@ use crate::error::GateError;
 
 /// The largest overrides file read or written.
 const MAX_OVERRIDES_BYTES: usize = 1024 * 1024;
+/// How long one read or write of the overrides file may take.
+pub const REMOTE_BOUND: Duration = Duration::from_secs(60);
 const REMOTE: Bounds = Bounds {
-    timeout: Duration::from_secs(60),
+    timeout: REMOTE_BOUND,
     max_output_bytes: MAX_OVERRIDES_BYTES + 1,
 };
 
@@ -215,7 +217,8 @@ pub struct ParamsConfig {
 }
 
 /// One declared parameter and its override, if set.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(from = "EntryWire")]
 pub struct ParamEntry {
     pub name: String,
     #[serde(flatten)]
@@ -224,13 +227,94 @@ pub struct ParamEntry {
     pub value: Option<Value>,
 }
 
+/// A [`ParamEntry`] as read back (a `--server` client): the spec's fields beside the
+/// name and value, which the manifest's own strict reading would refuse.
+#[derive(Deserialize)]
+struct EntryWire {
+    name: String,
+    #[serde(rename = "type")]
+    ty: ParamType,
+    #[serde(default)]
+    description: String,
+    #[serde(default)]
+    min: Option<f64>,
+    #[serde(default)]
+    max: Option<f64>,
+    #[serde(default)]
+    allowed: Option<Vec<Value>>,
+    #[serde(default)]
+    value: Option<Value>,
+}
+
+impl From<EntryWire> for ParamEntry {
+    fn from(w: EntryWire) -> Self {
+        Self {
+            name: w.name,
+            spec: ParamSpec {
+                ty: w.ty,
+                description: w.description,
+                min: w.min,
+                max: w.max,
+                allowed: w.allowed,
+            },
+            value: w.value,
+        }
+    }
+}
+
 /// What `list_params` answers.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ParamsList {
     pub file: String,
     pub declared: Vec<ParamEntry>,
     /// Overrides of names the manifest does not declare (left as they are).
     pub undeclared: Map<String, Value>,
+}
+
+impl ParamsList {
+    /// As a person reads it: each declared parameter, its type, the override in force
+    /// (or "(default)") and its description; then overrides the manifest does not
+    /// declare.
+    pub fn render(&self) -> String {
+        let mut out = format!(
+            "{} parameter(s) declared; overrides in {}\n\n",
+            self.declared.len(),
+            self.file
+        );
+        for p in &self.declared {
+            let now = p
+                .value
+                .as_ref()
+                .map_or("(default)".into(), |v| v.to_string());
+            let mut bounds = Vec::new();
+            if let Some(min) = p.spec.min {
+                bounds.push(format!("min {min}"));
+            }
+            if let Some(max) = p.spec.max {
+                bounds.push(format!("max {max}"));
+            }
+            if let Some(allowed) = &p.spec.allowed {
+                let allowed: Vec<String> = allowed.iter().map(Value::to_string).collect();
+                bounds.push(format!("one of {}", allowed.join(", ")));
+            }
+            let bounds = if bounds.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", bounds.join("; "))
+            };
+            out.push_str(&format!(
+                "  {:<28} {:<5} = {:<12} {}{bounds}\n",
+                p.name,
+                format!("{:?}", p.spec.ty).to_lowercase(),
+                now,
+                p.spec.description
+            ));
+        }
+        for (name, value) in &self.undeclared {
+            out.push_str(&format!("  {name:<28} (not declared) = {value}\n"));
+        }
+        out
+    }
 }
 
 impl ParamsConfig {

@@ -22,7 +22,7 @@ pub struct ProbeConfig {
 }
 
 /// A probe as listed.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ProbeInfo {
     pub name: String,
     pub description: String,
@@ -30,7 +30,7 @@ pub struct ProbeInfo {
 }
 
 /// What running a probe gave.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ProbeOutput {
     pub probe: String,
     pub output: String,

@@ -19,6 +19,8 @@ use crate::error::GateError;
 pub const MAX_LOG_LINES: usize = 10_000;
 /// How long status, logs and restart may take.
 const QUICK: Duration = Duration::from_secs(60);
+/// How long a restart may take (the sweeper counts on it).
+pub const RESTART_BOUND: Duration = QUICK;
 /// What status and logs keep of the output.
 const QUICK_OUTPUT: usize = 1024 * 1024;
 
@@ -40,7 +42,7 @@ pub struct ProcessConfig {
 }
 
 /// What `process_status` answers.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct ProcessStatus {
     pub process: String,
     pub host: String,

@@ -11,6 +11,7 @@ mod edge;
 mod input;
 mod log;
 mod mcp_http;
+mod operate_sweep;
 mod policies;
 mod protocols;
 mod races;

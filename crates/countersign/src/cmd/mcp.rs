@@ -1,11 +1,15 @@
 use std::process::ExitCode;
 
+use std::sync::Arc;
+
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use countersign_server::mcp::approval_gate::{self, ApprovalGateService};
+use countersign_server::operate::Operations;
 use countersign_server::{Identity, McpService};
 use rmcp::ServiceExt;
 
+use crate::cmd::serve::OPERATION_MARGIN;
 use crate::config::Config;
 use crate::remote::{Remote, RemoteArgs};
 use crate::runtime;
@@ -78,6 +82,7 @@ async fn approval_gate(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCo
     }
     let (gate, agent, shutdown) =
         runtime::open_agent(config, args.agent_name.as_deref(), true).await?;
+    let gate_for_ops = gate.clone();
     let service = match &args.remote.token_file {
         Some(file) => {
             if args.agent_name.is_some() {
@@ -96,6 +101,26 @@ async fn approval_gate(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCo
             tracing::warn!(caller = %agent.id, "no --token-file: serving the approval-gate profile as the local agent, which may call none of its tools (they need an approver's token)");
             ApprovalGateService::new(gate, Identity::Fixed(agent), config.bridges.clone())
         }
+    };
+    let service = if config.operate.is_empty() {
+        service
+    } else {
+        let ops = Arc::new(Operations::new(
+            gate_for_ops,
+            Arc::new(config.operate.clone()),
+            format!("mcp-{}", std::process::id()),
+        ));
+        // Without a `serve`, nothing else records `unknown` for an operation whose
+        // claimer died; a claim is only swept once its run must have ended.
+        match ops.sweep(OPERATION_MARGIN).await {
+            Ok(0) => {}
+            Ok(swept) => tracing::warn!(
+                swept,
+                "operations claimed by a process that stopped before recording their outcome are recorded as unknown"
+            ),
+            Err(err) => tracing::warn!(%err, "could not sweep the operations"),
+        }
+        service.with_operations(ops)
     };
     let running = service
         .serve(rmcp::transport::stdio())

@@ -10,6 +10,7 @@ use countersign_server::accounts::SetupLink;
 use countersign_server::gate::SERVED_INSTANCE_PREFIX;
 use countersign_server::mcp::gateway::{Asks, GatewayService, GatewaySettings};
 use countersign_server::notify::Notifier;
+use countersign_server::operate::Operations;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -83,6 +84,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         trusted_proxies: config.server.trusted_proxies.clone(),
     };
     let gateways = gateways(&gate, config)?;
+    let operations = operations(&gate, config)?;
     let app = countersign_server::router_with(
         gate.clone(),
         &http,
@@ -90,8 +92,12 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         countersign_server::Mounts {
             gateways: gateways.clone(),
             bridges: config.bridges.clone(),
+            operations: operations.clone(),
         },
     );
+    if let Some(ops) = operations {
+        tokio::spawn(sweep_operations(ops, shutdown.clone()));
+    }
     for (_, gateway) in gateways {
         tokio::spawn(run_gateway(gate.clone(), gateway, shutdown.clone()));
     }
@@ -211,6 +217,49 @@ fn gateways(
         out.push((gateway.name.clone(), service));
     }
     Ok(out)
+}
+
+/// `[[process]]`, `[params]` and `[[probe]]`, as the operations this server carries
+/// out (the approval-gate profile's process tools, `/api/v1/operate`); none when none
+/// is configured.
+fn operations(
+    gate: &Arc<countersign_server::Gate>,
+    config: &Config,
+) -> anyhow::Result<Option<Arc<Operations>>> {
+    if config.operate.is_empty() {
+        return Ok(None);
+    }
+    let mut random = [0u8; 8];
+    getrandom::fill(&mut random).map_err(|e| anyhow::anyhow!("no randomness: {e}"))?;
+    Ok(Some(Arc::new(Operations::new(
+        gate.clone(),
+        Arc::new(config.operate.clone()),
+        format!("{SERVED_INSTANCE_PREFIX}operate:{}", hex::encode(random)),
+    ))))
+}
+
+/// How long after an operation could have finished at the latest its claim is taken
+/// as left behind: a live instance records the outcome as soon as the run ends.
+pub const OPERATION_MARGIN: Duration = Duration::from_secs(120);
+
+/// Records `unknown` for operations claimed (by this or any instance, `serve` or a
+/// CLI command) whose run must have ended and that still have no outcome: whoever
+/// claimed them stopped first. At start, then every minute.
+async fn sweep_operations(ops: Arc<Operations>, shutdown: CancellationToken) {
+    loop {
+        match ops.sweep(OPERATION_MARGIN).await {
+            Ok(0) => {}
+            Ok(swept) => tracing::warn!(
+                swept,
+                "operations claimed by an instance that stopped before recording their outcome are recorded as unknown"
+            ),
+            Err(err) => tracing::warn!(%err, "could not sweep the operations"),
+        }
+        tokio::select! {
+            () = shutdown.cancelled() => break,
+            () = tokio::time::sleep(SWEEP_EVERY) => {}
+        }
+    }
 }
 
 /// Connects a gateway's upstreams (one that is down is tried again when a call needs

@@ -124,6 +124,12 @@ pub fn resolve(
     for section in probes {
         let what = format!("[[probe]] {:?}", section.name);
         plain_name(&what, &section.name)?;
+        // Each probe is a tool of the approval-gate profile by its name.
+        if countersign_server::mcp::APPROVAL_GATE_TOOLS.contains(&section.name.as_str()) {
+            bail!(
+                "{what}: that is the name of a tool of the approval-gate profile; name the probe otherwise"
+            );
+        }
         if out.probes.iter().any(|p| p.name == section.name) {
             bail!("{what} is configured twice");
         }
@@ -346,6 +352,7 @@ mod tests {
             ),
             (format!("[[process]]\n{WORKER}host = \"vps\"\nuser = \"ops\"\nhost_key_checking = \"maybe\"\n"), "accept-new, yes or no"),
             ("[[probe]]\nname = \"p\"\ncommand = [\"true\"]\nprocess = \"nope\"\n".to_string(), "not a [[process]]"),
+            ("[[probe]]\nname = \"approve\"\ncommand = [\"true\"]\n".to_string(), "a tool of the approval-gate profile"),
             ("[params]\noverrides = \"/x.json\"\n".to_string(), "needs schema"),
         ] {
             let err = parse(&toml_text).unwrap_err().to_string();

@@ -23,9 +23,9 @@ use crate::bridge::{
 };
 use crate::common::{self, McpClient, create_token};
 
-const PROFILE_PATH: &str = "/mcp/profile/approval-gate";
+pub(crate) const PROFILE_PATH: &str = "/mcp/profile/approval-gate";
 
-async fn over_http(url: &str, token: &str) -> McpClient {
+pub(crate) async fn over_http(url: &str, token: &str) -> McpClient {
     let transport = StreamableHttpClientTransport::from_config(
         StreamableHttpClientTransportConfig::with_uri(url.to_string()).auth_header(token),
     );
@@ -36,7 +36,7 @@ async fn over_http(url: &str, token: &str) -> McpClient {
 }
 
 /// `countersign mcp --profile approval-gate [--token-file FILE]` on `data`.
-async fn over_stdio(data: &Path, token_file: Option<&Path>) -> McpClient {
+pub(crate) async fn over_stdio(data: &Path, token_file: Option<&Path>) -> McpClient {
     let mut cmd = common::command(data, &["mcp", "--profile", "approval-gate"]);
     if let Some(file) = token_file {
         cmd.arg("--token-file").arg(file);
@@ -53,7 +53,7 @@ async fn over_stdio(data: &Path, token_file: Option<&Path>) -> McpClient {
 
 /// A tool's answer: `Ok((text, structured))`, or `Err` with the text of a tool error or
 /// the message of a protocol error.
-async fn call(
+pub(crate) async fn call(
     client: &rmcp::service::Peer<RoleClient>,
     tool: &str,
     args: Value,
@@ -77,7 +77,7 @@ async fn call(
     Ok((text, result.structured_content.unwrap_or(Value::Null)))
 }
 
-async fn ok(client: &McpClient, tool: &str, args: Value) -> (String, Value) {
+pub(crate) async fn ok(client: &McpClient, tool: &str, args: Value) -> (String, Value) {
     call(client.peer(), tool, args)
         .await
         .unwrap_or_else(|e| panic!("{tool}: {e}"))

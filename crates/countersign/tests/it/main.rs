@@ -10,6 +10,7 @@
 mod common;
 
 mod approval_gate;
+mod approval_gate_ops;
 mod audit;
 mod backup;
 mod batch;

@@ -15,7 +15,7 @@ use serde_json::Value;
 use crate::common::{self, Server, create_token, in_ci, path_str, run, run_ok};
 
 /// Kills what a test started by its match pattern when it ends, however it ends.
-struct Reaper(String);
+pub(crate) struct Reaper(pub(crate) String);
 
 impl Drop for Reaper {
     fn drop(&mut self) {
@@ -27,7 +27,7 @@ impl Drop for Reaper {
 
 /// A process that follows the seed's shape: it appends to its log each cycle, and
 /// notes each start (its PID) in `starts.txt`.
-fn worker(work: &Path) -> PathBuf {
+pub(crate) fn worker(work: &Path) -> PathBuf {
     std::fs::create_dir_all(work).unwrap();
     let script = work.join("worker.sh");
     std::fs::write(
@@ -38,7 +38,7 @@ fn worker(work: &Path) -> PathBuf {
     script
 }
 
-fn starts(work: &Path) -> Vec<String> {
+pub(crate) fn starts(work: &Path) -> Vec<String> {
     std::fs::read_to_string(work.join("starts.txt"))
         .unwrap_or_default()
         .lines()
@@ -54,7 +54,7 @@ const MANIFEST: &str = r#"{
 
 /// The data directory's config: the process (`place` says where), its parameters and
 /// two probes.
-fn configure(data: &Path, work: &Path, script: &Path, place: &str, probe_on: &str) {
+pub(crate) fn configure(data: &Path, work: &Path, script: &Path, place: &str, probe_on: &str) {
     std::fs::create_dir_all(data).unwrap();
     std::fs::write(data.join("params.schema.json"), MANIFEST).unwrap();
     let config = format!(
@@ -130,7 +130,7 @@ async fn pending(data: &Path) -> Value {
     panic!("no pending request within 15 s");
 }
 
-fn outcome(data: &Path, id: &str) -> Value {
+pub(crate) fn outcome(data: &Path, id: &str) -> Value {
     let conn = rusqlite::Connection::open(data.join("countersign.db")).unwrap();
     let text: Option<String> = conn
         .query_row(
