@@ -15,6 +15,8 @@
 //! The surfaces (the CLI, the approval-gate MCP profile) are thin: they call
 //! [`Operations`] as the authenticated person and shape the answer.
 
+mod bind;
+mod execute;
 pub mod params;
 pub mod probe;
 pub mod process;
@@ -477,103 +479,6 @@ impl Operations {
         })
     }
 
-    /// Runs what was approved; a failure is an outcome, not an error (it was claimed).
-    async fn execute(&self, op: &Resolved) -> Executed {
-        let started = std::time::Instant::now();
-        let ran = |ran: Result<ssh::Ran, GateError>, bounds: Bounds| match ran {
-            Ok(ran) => {
-                let output = cut(&ran.combined(), OUTCOME_OUTPUT_BYTES);
-                Executed {
-                    status: if ran.succeeded() {
-                        OutcomeStatus::Succeeded
-                    } else {
-                        OutcomeStatus::Failed
-                    },
-                    summary: format!(
-                        "{} after {:.1} s",
-                        ran.ending(&bounds),
-                        started.elapsed().as_secs_f64()
-                    ),
-                    exit_code: ran.exit_code,
-                    output: Some(output),
-                    before: None,
-                    after: None,
-                }
-            }
-            Err(err) => failed(err),
-        };
-        match op {
-            Resolved::Restart(i) => {
-                let p = &self.config.processes[*i];
-                ran(
-                    p.restart().await,
-                    Bounds {
-                        timeout: process::RESTART_BOUND,
-                        max_output_bytes: 0,
-                    },
-                )
-            }
-            Resolved::Run(i, command) => {
-                let p = &self.config.processes[*i];
-                ran(p.run_command(command).await, p.run)
-            }
-            Resolved::Set(name, value) => match self.change_param(name, Some(value)).await {
-                Ok(before) => Executed {
-                    status: OutcomeStatus::Succeeded,
-                    summary: format!("{name}: {} -> {value}", show(&before)),
-                    exit_code: None,
-                    output: None,
-                    before: Some(before),
-                    after: Some(value.clone()),
-                },
-                Err(err) => failed(err),
-            },
-            Resolved::Clear(Some(name)) => match self.change_param(name, None).await {
-                Ok(before) => Executed {
-                    status: OutcomeStatus::Succeeded,
-                    summary: format!("{name}: {} -> cleared", show(&before)),
-                    exit_code: None,
-                    output: None,
-                    before: Some(before),
-                    after: Some(Value::Null),
-                },
-                Err(err) => failed(err),
-            },
-            Resolved::Clear(None) => match self.clear_all().await {
-                Ok(before) => Executed {
-                    status: OutcomeStatus::Succeeded,
-                    summary: format!("every override cleared ({} were set)", before.len()),
-                    exit_code: None,
-                    output: None,
-                    before: Some(Value::Object(before)),
-                    after: Some(Value::Object(Default::default())),
-                },
-                Err(err) => failed(err),
-            },
-        }
-    }
-
-    /// Sets (or with `None` removes) one override; its value before (`null`: none).
-    async fn change_param(&self, name: &str, value: Option<&Value>) -> Result<Value, GateError> {
-        let params = self.params()?;
-        let _one_at_a_time = self.params_lock.lock().await;
-        let mut overrides = params.read().await?;
-        let before = match value {
-            Some(v) => overrides.insert(name.to_string(), v.clone()),
-            None => overrides.remove(name),
-        };
-        params.write(&overrides).await?;
-        Ok(before.unwrap_or(Value::Null))
-    }
-
-    async fn clear_all(&self) -> Result<serde_json::Map<String, Value>, GateError> {
-        let params = self.params()?;
-        let _one_at_a_time = self.params_lock.lock().await;
-        let before = params.read().await?;
-        params.write(&serde_json::Map::new()).await?;
-        Ok(before)
-    }
-
     /// Creates the request for `bound`, or joins the one an earlier ask made.
     async fn request(
         &self,
@@ -612,112 +517,6 @@ impl Operations {
                 "this operation was asked for {MAX_ATTEMPTS} times in one session; start a new one"
             ),
             retry_after_seconds: 60,
-        })
-    }
-
-    /// What `op` will do, checked, as a request's description and details.
-    async fn bind(&self, who: &Principal, op: &Operation) -> Result<Bound, GateError> {
-        person(who)?;
-        if !who.may(Scope::Request) {
-            return Err(GateError::Forbidden(format!(
-                "{} may not ask for operations: that needs the request scope",
-                who.id
-            )));
-        }
-        let mut details = BTreeMap::new();
-        let tool = match op {
-            Operation::Restart { .. } => RESTART,
-            Operation::Run { .. } => RUN,
-            Operation::SetParam { .. } => SET_PARAM,
-            Operation::ClearParam { .. } => CLEAR_PARAM,
-        };
-        details.insert("upstream".to_string(), UPSTREAM.to_string());
-        details.insert("tool".to_string(), tool.to_string());
-        let mut put = |k: &str, v: String| {
-            details.insert(k.to_string(), v);
-        };
-        let (description, resolved) = match op {
-            Operation::Restart { process } => {
-                let (i, p) = self.process(process)?;
-                put("process", p.name.clone());
-                put("host", p.target.describe());
-                put("dir", p.dir.clone());
-                put("start", p.start.clone());
-                put("pattern", p.pattern.clone());
-                (
-                    format!("restart process {} on {}", p.name, p.target.describe()),
-                    Resolved::Restart(i),
-                )
-            }
-            Operation::Run { process, command } => {
-                let (i, p) = self.process(process)?;
-                if command.trim().is_empty() {
-                    return Err(GateError::BadInput("cmd: give a command to run".into()));
-                }
-                put("process", p.name.clone());
-                put("host", p.target.describe());
-                put("dir", p.dir.clone());
-                put("cmd", command.clone());
-                (
-                    format!("run `{command}` in {} on {}", p.dir, p.target.describe()),
-                    Resolved::Run(i, command.clone()),
-                )
-            }
-            Operation::SetParam { name, value } => {
-                let params = self.params()?;
-                let value = params.manifest.coerce(name, value)?;
-                let before = params
-                    .read()
-                    .await?
-                    .get(name)
-                    .cloned()
-                    .unwrap_or(Value::Null);
-                put("name", name.clone());
-                put("value", value.to_string());
-                put("before", before.to_string());
-                put("file", params.overrides.clone());
-                put("host", params.target.describe());
-                (
-                    format!("set parameter {name} to {value} (now {})", show(&before)),
-                    Resolved::Set(name.clone(), value),
-                )
-            }
-            Operation::ClearParam { name } => {
-                let params = self.params()?;
-                let current = params.read().await?;
-                put("file", params.overrides.clone());
-                put("host", params.target.describe());
-                match name {
-                    Some(name) => {
-                        let Some(before) = current.get(name) else {
-                            return Err(GateError::BadInput(format!(
-                                "{name} has no override to clear (set: {})",
-                                names(current.keys().map(String::as_str))
-                            )));
-                        };
-                        put("name", name.clone());
-                        put("before", before.to_string());
-                        (
-                            format!("clear the override of parameter {name} (now {before})"),
-                            Resolved::Clear(Some(name.clone())),
-                        )
-                    }
-                    None => {
-                        put("all", "true".into());
-                        put("before", Value::Object(current.clone()).to_string());
-                        (
-                            format!("clear every parameter override ({} set)", current.len()),
-                            Resolved::Clear(None),
-                        )
-                    }
-                }
-            }
-        };
-        Ok(Bound {
-            tool,
-            description,
-            details,
-            op: resolved,
         })
     }
 
