@@ -240,9 +240,32 @@ impl Writer {
                 tracing::warn!(error = %e, "other processes on this database will see its changes at their next poll");
             })
             .ok();
+        // The checkpoints' copying runs beside the writer, on a connection of its own, so
+        // that a commit never waits behind it (see `checkpoint_if_due`).
+        let checkpointer = Connection::open_with_flags(
+            path,
+            rusqlite::OpenFlags::SQLITE_OPEN_READ_WRITE | rusqlite::OpenFlags::SQLITE_OPEN_NO_MUTEX,
+        )
+        .ok()
+        .and_then(|conn| {
+            let (wake, woken) = std::sync::mpsc::sync_channel::<()>(1);
+            std::thread::Builder::new()
+                .name("countersign-sqlite-checkpoint".into())
+                .spawn(move || {
+                    for () in woken {
+                        if let Err(err) =
+                            conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(()))
+                        {
+                            tracing::debug!(%err, "a background checkpoint did not run");
+                        }
+                    }
+                })
+                .ok()
+                .map(|_| wake)
+        });
         std::thread::Builder::new()
             .name("countersign-sqlite-writer".into())
-            .spawn(move || run(conn, batches, poke, &recent))
+            .spawn(move || run(conn, batches, poke, &recent, checkpointer))
             .map_err(|e| {
                 StoreError::Backend(format!("could not start the SQLite writer thread: {e}"))
             })?;
@@ -287,6 +310,7 @@ fn run(
     mut batches: Batches<Box<dyn WriteJob>>,
     poke: Option<crate::watch::Poker>,
     recent: &crate::recent::Recent,
+    checkpointer: Option<std::sync::mpsc::SyncSender<()>>,
 ) {
     let mut batch: Vec<Box<dyn WriteJob>> = Vec::with_capacity(MAX_BATCH);
     // In place of SQLite's automatic checkpoint, which runs inside the COMMIT that takes
@@ -314,7 +338,7 @@ fn run(
         for job in batch.drain(..) {
             job.finish(committed.clone());
         }
-        checkpoint_if_due(&conn);
+        checkpoint_if_due(&conn, checkpointer.as_ref());
     }
 }
 
@@ -323,8 +347,13 @@ thread_local! {
     static WAL_FRAMES: std::cell::Cell<i32> = const { std::cell::Cell::new(0) };
 }
 
-/// As SQLite's default: a passive checkpoint once the WAL holds this many frames.
+/// As SQLite's default: a checkpoint once the WAL holds this many frames.
 const CHECKPOINT_FRAMES: i32 = 1000;
+/// Past this many frames the writer checkpoints itself, between batches: a passive
+/// checkpoint beside a busy writer copies only what was committed when it began, so the
+/// WAL is never wholly copied and never starts over; the writer's own catch-up is (and
+/// is cheap: the checkpoint thread has copied all but the last frames).
+const CATCH_UP_FRAMES: i32 = 8 * CHECKPOINT_FRAMES;
 
 fn count_frames(_: &rusqlite::hooks::Wal, frames: std::os::raw::c_int) -> rusqlite::Result<()> {
     WAL_FRAMES.with(|f| f.set(frames));
@@ -332,11 +361,20 @@ fn count_frames(_: &rusqlite::hooks::Wal, frames: std::os::raw::c_int) -> rusqli
 }
 
 /// Copies the WAL into the database file once it is long enough, as SQLite's automatic
-/// checkpoint does, but after the batch's replies went out. Passive: it takes what no
-/// reader still needs and never waits; what it leaves is tried again after the next
-/// commit.
-fn checkpoint_if_due(conn: &Connection) {
-    if WAL_FRAMES.with(std::cell::Cell::get) < CHECKPOINT_FRAMES {
+/// checkpoint does, but never inside a commit: the checkpoint thread does the copying
+/// (passive: it takes what no reader still needs and never waits), and past
+/// [`CATCH_UP_FRAMES`] the writer catches up itself after a batch's replies, so that the
+/// WAL starts over. Without the thread, the writer does it all.
+fn checkpoint_if_due(conn: &Connection, checkpointer: Option<&std::sync::mpsc::SyncSender<()>>) {
+    let frames = WAL_FRAMES.with(std::cell::Cell::get);
+    if frames < CHECKPOINT_FRAMES {
+        return;
+    }
+    if let Some(wake) = checkpointer
+        && frames < CATCH_UP_FRAMES
+    {
+        // Full: it is at work already, and will look again.
+        let _ = wake.try_send(());
         return;
     }
     WAL_FRAMES.with(|f| f.set(0));
