@@ -34,10 +34,7 @@ pub fn resolve(
     sections: Vec<BridgeSection>,
     config_file: Option<&Path>,
 ) -> anyhow::Result<Vec<BridgeConfig>> {
-    let base = config_file
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
+    let base = super::base_dir(config_file);
     let mut out: Vec<BridgeConfig> = Vec::new();
     for section in sections {
         let what = format!("[[bridge]] {:?}", section.name);
@@ -59,7 +56,7 @@ pub fn resolve(
 
 /// One bridge from its keys (also what `countersign bridge --name N --dir D` builds).
 pub fn one(what: &str, section: BridgeSection, base: &Path) -> anyhow::Result<BridgeConfig> {
-    plain_name(what, &section.name)?;
+    super::plain_name(what, &section.name)?;
     let paths = match (
         section.dir,
         section.pending,
@@ -120,20 +117,6 @@ pub fn one(what: &str, section: BridgeSection, base: &Path) -> anyhow::Result<Br
         paths,
         timeout,
     })
-}
-
-/// A bridge's name is in its principal (`bridge:<name>`) and its requests' keys: 1 to
-/// 64 of `a-z 0-9 - _`.
-fn plain_name(what: &str, name: &str) -> anyhow::Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
-    if !ok {
-        bail!("{what}: name: give 1 to 64 of a-z, 0-9, - and _");
-    }
-    Ok(())
 }
 
 /// Refuses to start a bridge whose folders do not exist, rather than guess (the seed

@@ -54,14 +54,11 @@ pub fn resolve(
     sections: Vec<GatewaySection>,
     config_file: Option<&Path>,
 ) -> anyhow::Result<Vec<GatewayConfig>> {
-    let base = config_file
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
+    let base = super::base_dir(config_file);
     let mut out: Vec<GatewayConfig> = Vec::new();
     for section in sections {
         let what = format!("[[gateway]] {:?}", section.name);
-        plain_name(&what, &section.name)?;
+        super::plain_name(&what, &section.name)?;
         if out.iter().any(|g| g.name == section.name) {
             bail!("{what} is configured twice");
         }
@@ -84,7 +81,7 @@ pub fn resolve(
         let mut upstreams: Vec<UpstreamConfig> = Vec::new();
         for u in section.upstream {
             let what = format!("{what}, upstream {:?}", u.name);
-            plain_name(&what, &u.name)?;
+            super::plain_name(&what, &u.name)?;
             if several && u.name.contains(PREFIX_SEPARATOR) {
                 bail!(
                     "{what}: a name with {PREFIX_SEPARATOR:?} would make the combined tool names ({PREFIX_SEPARATOR} between upstream and tool) ambiguous"
@@ -121,20 +118,6 @@ pub fn resolve(
         });
     }
     Ok(out)
-}
-
-/// A gateway's name is a path segment and an upstream's a prefix of tool names and a
-/// Cedar entity id: 1 to 64 of `a-z 0-9 - _`.
-fn plain_name(what: &str, name: &str) -> anyhow::Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
-    if !ok {
-        bail!("{what}: name: give 1 to 64 of a-z, 0-9, - and _");
-    }
-    Ok(())
 }
 
 struct HttpKeys {

@@ -439,19 +439,37 @@ fn policy_settings(
     if section.files.is_empty() {
         return Ok(None);
     }
-    let base = config_file.and_then(std::path::Path::parent);
-    let files = section
-        .files
-        .into_iter()
-        .map(|f| match base {
-            Some(base) if f.is_relative() => base.join(f),
-            _ => f,
-        })
-        .collect();
+    let base = base_dir(config_file);
+    let files = section.files.into_iter().map(|f| base.join(f)).collect();
     Ok(Some(countersign_server::gate::PolicySettings {
         files,
         zone,
     }))
+}
+
+/// Where the config file's relative paths start: the file's own directory (with no file,
+/// the working directory: the paths stay as given). An absolute path joined to it stays
+/// itself.
+fn base_dir(config_file: Option<&std::path::Path>) -> PathBuf {
+    config_file
+        .and_then(std::path::Path::parent)
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default()
+}
+
+/// A name that goes into principal ids, paths, tool names and Cedar entity ids
+/// (`[[gateway]]`, its upstreams, `[[bridge]]`, `[[process]]`, `[[probe]]`): 1 to 64 of
+/// `a-z 0-9 - _`.
+fn plain_name(what: &str, name: &str) -> anyhow::Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
+    if !ok {
+        bail!("{what}: name: give 1 to 64 of a-z, 0-9, - and _");
+    }
+    Ok(())
 }
 
 /// `[audit] interval` (or `COUNTERSIGN_AUDIT_INTERVAL`): `off`, or how often `serve`

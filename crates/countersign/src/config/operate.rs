@@ -76,10 +76,7 @@ pub fn resolve(
     probes: Vec<ProbeSection>,
     config_file: Option<&Path>,
 ) -> anyhow::Result<OperateConfig> {
-    let base = config_file
-        .and_then(Path::parent)
-        .map(Path::to_path_buf)
-        .unwrap_or_default();
+    let base = super::base_dir(config_file);
     let mut out = OperateConfig::default();
     for section in processes {
         let process = process(section, &base)?;
@@ -123,7 +120,7 @@ pub fn resolve(
     }
     for section in probes {
         let what = format!("[[probe]] {:?}", section.name);
-        plain_name(&what, &section.name)?;
+        super::plain_name(&what, &section.name)?;
         // Each probe is a tool of the approval-gate profile by its name.
         if countersign_server::mcp::APPROVAL_GATE_TOOLS.contains(&section.name.as_str()) {
             bail!(
@@ -158,7 +155,7 @@ pub fn resolve(
 
 fn process(section: ProcessSection, base: &Path) -> anyhow::Result<ProcessConfig> {
     let what = format!("[[process]] {:?}", section.name);
-    plain_name(&what, &section.name)?;
+    super::plain_name(&what, &section.name)?;
     let host = section.host.with_context(|| {
         format!("{what} has no host: give host = \"{LOCAL_HOST}\" for this machine, or the host to reach over ssh (there is no default)")
     })?;
@@ -281,19 +278,6 @@ fn absolute(what: &str, path: &str) -> anyhow::Result<String> {
 fn one_line(what: &str, value: &str) -> anyhow::Result<()> {
     if value.trim().is_empty() || value.chars().any(char::is_control) {
         bail!("{what}: give one non-empty line");
-    }
-    Ok(())
-}
-
-/// 1 to 64 of `a-z 0-9 - _` (a name in tools, commands and messages).
-fn plain_name(what: &str, name: &str) -> anyhow::Result<()> {
-    let ok = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-' || c == '_');
-    if !ok {
-        bail!("{what}: name: give 1 to 64 of a-z, 0-9, - and _");
     }
     Ok(())
 }
