@@ -4,23 +4,19 @@
 //! A read-only tool of a trusted upstream that no policy speaks of passes with no request.
 //!
 //! A retry of the same call (same caller, same session, same tool and arguments) joins
-//! the request the first one made: its idempotency key is derived from them, with an
-//! attempt number that moves on once that request is finished (its outcome recorded, or
-//! closed longer ago than the hold), so the same call made again later is a new request.
+//! the request the first one made, for as long as the call's hold once it is closed
+//! (`joining.rs`), so the same call made again later is a new request.
 
 use std::time::Duration;
 
 use countersign_core::arguments::call_details;
 use countersign_core::evidence::OutcomeStatus;
 use countersign_core::{ApprovalRequest, NewRequest, Principal, Status};
-use sha2::{Digest, Sha256};
 
 use super::Gate;
+use super::joining::MAX_ATTEMPTS;
 use crate::error::GateError;
 
-/// How many finished requests one call's key may step over before it is refused (a
-/// session that repeats one call this often should start a new session).
-const MAX_ATTEMPTS: u32 = 1000;
 /// How the instances of the gateways `serve` runs name themselves in their claims
 /// (`serve:<gateway>:<random>`), apart from `proxy`, `hook` and `exec` processes.
 pub const SERVED_INSTANCE_PREFIX: &str = "serve:";
@@ -76,35 +72,34 @@ impl Gate {
             upstream: call.upstream.clone(),
             read_only: call.read_only,
         };
-        let key = join_key(who, call);
+        let key = format!("gw:{}", join_key(who, call));
         let hold = call.hold.as_secs().max(1);
-        for attempt in 0..MAX_ATTEMPTS {
-            let new = NewRequest {
-                description: call
-                    .description
-                    .clone()
-                    .unwrap_or_else(|| format!("{} on {}", call.tool, call.upstream)),
-                details: details.clone(),
-                timeout_seconds: Some(hold + HOLD_GRACE_SECONDS),
-                idempotency_key: Some(format!("gw:{key}:{attempt}")),
-                ..NewRequest::default()
-            };
-            let requested = match self.create(who, new, None, Some(&via)).await {
-                Ok(Some(requested)) => requested,
-                Ok(None) => return Ok(Gated::Pass),
-                Err(err) => return Err(too_large(err)),
-            };
-            if !requested.existing || self.joins(&requested.request, call.hold) {
-                return Ok(Gated::Held(Box::new(requested.request)));
-            }
-        }
-        Err(GateError::RateLimited {
+        let new = NewRequest {
+            description: call
+                .description
+                .clone()
+                .unwrap_or_else(|| format!("{} on {}", call.tool, call.upstream)),
+            details,
+            timeout_seconds: Some(hold + HOLD_GRACE_SECONDS),
+            ..NewRequest::default()
+        };
+        let too_many = || GateError::RateLimited {
             message: format!(
                 "this session has made the same call of {} {MAX_ATTEMPTS} times; start a new session",
                 call.tool
             ),
             retry_after_seconds: 60,
-        })
+        };
+        Ok(
+            match self
+                .create_joining(who, new, &via, &key, call.hold, too_many)
+                .await
+                .map_err(too_large)?
+            {
+                None => Gated::Pass,
+                Some(request) => Gated::Held(Box::new(request)),
+            },
+        )
     }
 
     /// Whether no policy in force matches `request` held `via` the gateway (so a
@@ -128,30 +123,6 @@ impl Gate {
                 }
             },
         )
-    }
-
-    /// Whether a retry joins `request` (found by its key) rather than making a new one:
-    /// while it is undecided or approved and unused, while its forward has no outcome
-    /// yet, and, once closed, for as long as the call's hold (the retry gets the same
-    /// answer).
-    fn joins(&self, request: &ApprovalRequest, hold: Duration) -> bool {
-        let now = self.now();
-        match request.status {
-            Status::Pending => true,
-            Status::Approved => match (request.used(), &request.outcome) {
-                (None, _) => request.check_usable(now).is_ok(),
-                (Some(_), None) => true,
-                (Some(_), Some(_)) => false,
-            },
-            Status::Rejected | Status::TimedOut | Status::Cancelled => {
-                let closed = request
-                    .closed_at
-                    .or(request.decision.as_ref().map(|d| d.decided_at))
-                    .unwrap_or(request.requested_at);
-                let hold = i64::try_from(hold.as_millis()).unwrap_or(i64::MAX);
-                now.millis().saturating_sub(closed.millis()) < hold
-            }
-        }
     }
 
     /// Claims the approved `request` for its one forward (`record_action`, which a
@@ -380,19 +351,14 @@ struct Swept {
 fn join_key(who: &Principal, call: &GatewayCall) -> String {
     let arguments =
         countersign_core::jcs::to_vec(&call.arguments).unwrap_or_else(|_| b"{}".to_vec());
-    let mut hash = Sha256::new();
-    for part in [
+    super::joining::join_key(&[
         who.id.as_bytes(),
         call.session.as_bytes(),
         call.upstream.as_bytes(),
         call.tool.as_bytes(),
         &arguments,
         call.description.as_deref().unwrap_or("").as_bytes(),
-    ] {
-        hash.update((part.len() as u64).to_be_bytes());
-        hash.update(part);
-    }
-    hex::encode(&hash.finalize()[..16])
+    ])
 }
 
 /// A call whose arguments exceed what a request may hold cannot be bound, so it cannot

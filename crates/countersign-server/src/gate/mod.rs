@@ -9,6 +9,7 @@ mod builder;
 mod evidence;
 mod gateway;
 mod grants;
+mod joining;
 mod keys;
 mod policy;
 mod recipients;
@@ -41,6 +42,7 @@ pub use builder::{GateBuilder, Keys};
 pub use evidence::{EvidenceTurn, Redeemed, ReviewerSettings};
 pub use gateway::{Gated, GatewayCall, SERVED_INSTANCE_PREFIX, Via};
 pub use grants::{DEFAULT_GRANT_SECONDS, GrantTerms};
+pub(crate) use joining::{MAX_ATTEMPTS, join_key};
 pub use keys::Trusted;
 pub use policy::{
     PolicySettings, TOOL_DETAIL, load_set as load_policy_set, read_files as read_policy_files,

@@ -30,10 +30,9 @@ use countersign_core::evidence::OutcomeStatus;
 use countersign_core::{ApprovalRequest, NewRequest, Principal, Scope, Status};
 use serde::Serialize;
 use serde_json::Value;
-use sha2::{Digest, Sha256};
 
 use crate::error::GateError;
-use crate::gate::{Gate, Via};
+use crate::gate::{Gate, MAX_ATTEMPTS, Via, join_key};
 
 pub use params::{Manifest, ParamsConfig, ParamsList};
 pub use probe::{ProbeConfig, ProbeInfo, ProbeOutput};
@@ -48,8 +47,6 @@ pub const SET_PARAM: &str = "set_param";
 pub const CLEAR_PARAM: &str = "clear_param";
 /// The most output kept in an outcome (a detail holds at most 16 KiB).
 const OUTCOME_OUTPUT_BYTES: usize = 8 * 1024;
-/// How many finished requests one operation's key may step over.
-const MAX_ATTEMPTS: u32 = 1000;
 /// One wait for a decision, before it is renewed.
 const WAIT_SLICE: Duration = Duration::from_secs(30);
 /// How long asking again for an operation that was refused answers that refusal,
@@ -486,38 +483,30 @@ impl Operations {
         bound: &Bound,
         session: &str,
     ) -> Result<ApprovalRequest, GateError> {
-        let key = join_key(who, session, &bound.details);
+        let details = countersign_core::jcs::to_vec(&bound.details).unwrap_or_default();
+        let key = format!(
+            "op:{}",
+            join_key(&[who.id.as_bytes(), session.as_bytes(), &details])
+        );
         let via = Via {
             upstream: UPSTREAM.into(),
             read_only: false,
         };
-        for attempt in 0..MAX_ATTEMPTS {
-            let new = NewRequest {
-                description: bound.description.clone(),
-                details: bound.details.clone(),
-                idempotency_key: Some(format!("op:{key}:{attempt}")),
-                ..NewRequest::default()
-            };
-            let Some(requested) = self.gate.create(who, new, None, Some(&via)).await? else {
-                return Err(GateError::Internal(
-                    "an operation passed without a request".into(),
-                ));
-            };
-            if !requested.existing {
-                return Ok(requested.request);
-            }
-            // Timed out first if its expiry passed.
-            let request = self.gate.get(who, requested.request.id.as_str()).await?;
-            if joins(&request, self.gate.now()) {
-                return Ok(request);
-            }
-        }
-        Err(GateError::RateLimited {
+        let new = NewRequest {
+            description: bound.description.clone(),
+            details: bound.details.clone(),
+            ..NewRequest::default()
+        };
+        let too_many = || GateError::RateLimited {
             message: format!(
                 "this operation was asked for {MAX_ATTEMPTS} times in one session; start a new one"
             ),
             retry_after_seconds: 60,
-        })
+        };
+        self.gate
+            .create_joining(who, new, &via, &key, REFUSAL_SHOWN, too_many)
+            .await?
+            .ok_or_else(|| GateError::Internal("an operation passed without a request".into()))
     }
 
     fn process(&self, name: &str) -> Result<(usize, &ProcessConfig), GateError> {
@@ -552,40 +541,6 @@ fn person(who: &Principal) -> Result<(), GateError> {
             who.id, who.role
         )))
     }
-}
-
-/// Whether an ask joins `request` (found by its key) instead of making a new one: while
-/// it waits, while its approval is usable and unused, while its run has no outcome, and
-/// for [`REFUSAL_SHOWN`] after it was rejected, timed out or cancelled (so that the
-/// person who checks back learns why nothing ran, instead of asking again unawares).
-fn joins(request: &ApprovalRequest, now: countersign_core::Timestamp) -> bool {
-    match request.status {
-        Status::Pending => true,
-        Status::Approved => match (request.used(), &request.outcome) {
-            (None, _) => request.check_usable(now).is_ok(),
-            (Some(_), None) => true,
-            (Some(_), Some(_)) => false,
-        },
-        Status::Rejected | Status::TimedOut | Status::Cancelled => {
-            let closed = request
-                .closed_at
-                .or(request.decision.as_ref().map(|d| d.decided_at))
-                .unwrap_or(request.requested_at);
-            let shown = i64::try_from(REFUSAL_SHOWN.as_millis()).unwrap_or(i64::MAX);
-            now.millis().saturating_sub(closed.millis()) < shown
-        }
-    }
-}
-
-/// The operation's key among `who`'s requests: the session and the exact details.
-fn join_key(who: &Principal, session: &str, details: &BTreeMap<String, String>) -> String {
-    let details = countersign_core::jcs::to_vec(details).unwrap_or_default();
-    let mut hash = Sha256::new();
-    for part in [who.id.as_bytes(), session.as_bytes(), &details] {
-        hash.update((part.len() as u64).to_be_bytes());
-        hash.update(part);
-    }
-    hex::encode(&hash.finalize()[..16])
 }
 
 fn failed(err: GateError) -> Executed {
