@@ -6,6 +6,7 @@
 
 pub mod accounts;
 pub mod admission;
+pub mod atomic_file;
 pub mod audit;
 pub mod bridge;
 pub mod error;

@@ -12,7 +12,7 @@
 //! would drop what it wrote meanwhile.
 
 use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::io;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -309,61 +309,23 @@ pub fn read_records(path: &Path) -> Result<Vec<Map<String, Value>>, FileError> {
     }
 }
 
-/// Replaces `path` with `bytes` atomically, provided it still holds `expected` (`None`:
-/// it must not exist): the new text goes to a temporary file in the same directory
-/// (with the old file's permissions), is flushed to disk, renamed over the file, and the
-/// directory is flushed so the rename itself survives a crash.
+/// Replaces `path` with `bytes` atomically ([`crate::atomic_file`]), provided it still
+/// holds `expected` (`None`: it must not exist).
 ///
 /// The comparison and the rename are two steps, so a process that writes without the
 /// lock in between can still lose its write; the lock protocol closes that gap.
 pub fn replace(path: &Path, bytes: &[u8], expected: Option<&[u8]>) -> Result<(), FileError> {
-    let dir = parent(path);
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let mut random = [0u8; 6];
-    getrandom::fill(&mut random).map_err(|e| io_error(path, io::Error::other(e.to_string())))?;
-    let tmp = dir.join(format!(".{name}.countersign-{}.tmp", hex::encode(random)));
-    let written = (|| {
-        let mut file = OpenOptions::new().write(true).create_new(true).open(&tmp)?;
-        if let Ok(meta) = fs::metadata(path) {
-            file.set_permissions(meta.permissions())?;
-        }
-        file.write_all(bytes)?;
-        file.sync_all()
-    })();
-    if let Err(err) = written {
-        let _ = fs::remove_file(&tmp);
-        return Err(io_error(path, err));
-    }
-    let current = match fs::read(path) {
-        Ok(current) => Some(current),
-        Err(err) if err.kind() == io::ErrorKind::NotFound => None,
-        Err(err) => {
-            let _ = fs::remove_file(&tmp);
-            return Err(io_error(path, err));
-        }
+    let still = || match fs::read(path) {
+        Ok(current) => Ok(expected == Some(current.as_slice())),
+        Err(err) if err.kind() == io::ErrorKind::NotFound => Ok(expected.is_none()),
+        Err(err) => Err(err),
     };
-    if current.as_deref() != expected {
-        let _ = fs::remove_file(&tmp);
-        return Err(FileError::Changed {
+    match crate::atomic_file::replace_if(path, bytes, still) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err(FileError::Changed {
             path: path.display().to_string(),
-        });
-    }
-    if let Err(err) = fs::rename(&tmp, path) {
-        let _ = fs::remove_file(&tmp);
-        return Err(io_error(path, err));
-    }
-    File::open(&dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| io_error(&dir, e))
-}
-
-fn parent(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
-        _ => PathBuf::from("."),
+        }),
+        Err(err) => Err(io_error(path, err)),
     }
 }
 

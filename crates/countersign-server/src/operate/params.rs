@@ -384,7 +384,7 @@ impl ParamsConfig {
         match &self.target {
             Target::Local => {
                 let path = Path::new(&self.overrides).to_path_buf();
-                tokio::task::spawn_blocking(move || write_atomically(&path, &bytes))
+                tokio::task::spawn_blocking(move || crate::atomic_file::replace(&path, &bytes))
                     .await
                     .map_err(|e| GateError::Internal(format!("the write stopped: {e}")))?
                     .map_err(|e| {
@@ -442,33 +442,6 @@ sync -- "$tmp" || { rm -f -- "$tmp"; exit 1; }
 mv -f -- "$tmp" "$f" || { rm -f -- "$tmp"; exit 1; }
 sync -- "$(dirname -- "$f")"
 "#;
-
-/// Writes `bytes` to `path` so that a reader sees the old file or the new one, never a
-/// part, and the new one survives a crash once this returns.
-pub fn write_atomically(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write;
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => std::path::PathBuf::from("."),
-    };
-    let name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    let tmp = dir.join(format!(".{name}.countersign.{}", std::process::id()));
-    let result = (|| {
-        let mut file = std::fs::File::create(&tmp)?;
-        file.write_all(bytes)?;
-        file.sync_all()?;
-        drop(file);
-        std::fs::rename(&tmp, path)?;
-        std::fs::File::open(&dir)?.sync_all()
-    })();
-    if result.is_err() {
-        let _ = std::fs::remove_file(&tmp);
-    }
-    result
-}
 
 #[cfg(test)]
 mod tests {
@@ -545,8 +518,8 @@ mod tests {
     fn the_overrides_file_is_replaced_whole() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("params.json");
-        write_atomically(&path, b"{\"a\": 1}\n").unwrap();
-        write_atomically(&path, b"{\"a\": 2}\n").unwrap();
+        crate::atomic_file::replace(&path, b"{\"a\": 1}\n").unwrap();
+        crate::atomic_file::replace(&path, b"{\"a\": 2}\n").unwrap();
         assert_eq!(std::fs::read_to_string(&path).unwrap(), "{\"a\": 2}\n");
         assert_eq!(
             std::fs::read_dir(dir.path()).unwrap().count(),

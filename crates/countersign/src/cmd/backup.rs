@@ -20,6 +20,8 @@ use clap::Args;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use countersign_server::atomic_file;
+
 use crate::config::{Config, Database};
 
 /// What `manifest.json` says a backup is.
@@ -90,7 +92,7 @@ pub async fn backup(config: &Config, args: &BackupArgs) -> anyhow::Result<ExitCo
 }
 
 fn write_backup(db: &Path, keys_dir: &Path, target: &Path) -> anyhow::Result<String> {
-    let dir = parent_of(target);
+    let dir = atomic_file::parent(target);
     let scratch = tempfile::Builder::new()
         .prefix(".countersign-backup-")
         .tempdir_in(&dir)
@@ -161,7 +163,8 @@ fn write_backup(db: &Path, keys_dir: &Path, target: &Path) -> anyhow::Result<Str
             }
         })
         .with_context(|| format!("could not write {}", target.display()))?;
-    sync_dir(&dir);
+    // Best effort where a directory cannot be opened.
+    let _ = atomic_file::sync_dir(&dir);
     Ok(format!(
         "backed up {} events (schema {}, {} bytes of database) and {} key file(s) to {}; it holds the signing keys: keep it secret",
         manifest.database.events,
@@ -255,7 +258,7 @@ fn read_backup(file: &Path, db: &Path, keys_dir: &Path) -> anyhow::Result<String
     }
 
     // The database: written beside its place, checked, then renamed into it.
-    let db_dir = parent_of(db);
+    let db_dir = atomic_file::parent(db);
     fs::create_dir_all(&db_dir)
         .with_context(|| format!("could not create {}", db_dir.display()))?;
     let partial = db.with_extension("db.restoring");
@@ -285,9 +288,9 @@ fn read_backup(file: &Path, db: &Path, keys_dir: &Path) -> anyhow::Result<String
             &entry.sha256,
         )?;
     }
-    sync_dir(keys_dir);
+    let _ = atomic_file::sync_dir(keys_dir);
     fs::rename(&partial, db).with_context(|| format!("could not write {}", db.display()))?;
-    sync_dir(&db_dir);
+    let _ = atomic_file::sync_dir(&db_dir);
     Ok(format!(
         "restored {} events (schema {}, backed up {} by countersign {}) and {} key file(s) into {}",
         manifest.database.events,
@@ -408,25 +411,10 @@ fn set_mode(path: &Path, mode: u32) {
     let _ = (path, mode);
 }
 
-fn parent_of(path: &Path) -> PathBuf {
-    match path.parent() {
-        Some(parent) if !parent.as_os_str().is_empty() => parent.to_path_buf(),
-        _ => PathBuf::from("."),
-    }
-}
-
 fn wal_of(db: &Path) -> PathBuf {
     let mut name = db.as_os_str().to_os_string();
     name.push("-wal");
     PathBuf::from(name)
-}
-
-/// Makes a rename or a new file in `dir` durable (best effort where directories cannot
-/// be opened).
-fn sync_dir(dir: &Path) {
-    if let Ok(dir) = File::open(dir) {
-        let _ = dir.sync_all();
-    }
 }
 
 #[cfg(test)]
