@@ -47,8 +47,13 @@ pub trait BridgeAsks: Send + Sync {
     /// The bridge's requests a restart must pick up: pending, or approved with no
     /// outcome yet.
     async fn open_requests(&self) -> Result<Vec<ApprovalView>, GateError>;
-    /// Resolves when a request may have changed (true), or after `timeout` (false).
-    async fn changed(&self, timeout: Duration) -> bool;
+    /// Resolves when a request `concerns` names (by id) may have changed (true), or
+    /// after `timeout` (false). Changes to other requests do not wake the bridge.
+    async fn changed(
+        &self,
+        timeout: Duration,
+        concerns: &(dyn for<'a> Fn(&'a str) -> bool + Sync),
+    ) -> bool;
 }
 
 /// Whether an error may pass if the same call is made again later (the store was busy,
@@ -149,23 +154,32 @@ impl BridgeAsks for LocalAsks {
         Ok(out)
     }
 
-    async fn changed(&self, timeout: Duration) -> bool {
+    async fn changed(
+        &self,
+        timeout: Duration,
+        concerns: &(dyn for<'a> Fn(&'a str) -> bool + Sync),
+    ) -> bool {
         let mut events = self.events.lock().await;
-        match tokio::time::timeout(timeout, events.recv()).await {
-            Ok(Ok(_)) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
-                // One pass covers every change so far.
-                while let Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) = events.try_recv()
-                {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            match tokio::time::timeout_at(deadline, events.recv()).await {
+                Ok(Ok(event)) if !event.entry.subject.as_deref().is_some_and(concerns) => {}
+                // Ours, or some were missed (which may have been ours).
+                Ok(Ok(_)) | Ok(Err(broadcast::error::RecvError::Lagged(_))) => {
+                    // One pass covers every change so far.
+                    while let Ok(_) | Err(broadcast::error::TryRecvError::Lagged(_)) =
+                        events.try_recv()
+                    {}
+                    return true;
                 }
-                true
+                // The feed stopped (shutdown): nothing more will come.
+                Ok(Err(broadcast::error::RecvError::Closed)) => {
+                    drop(events);
+                    tokio::time::sleep_until(deadline).await;
+                    return false;
+                }
+                Err(_) => return false,
             }
-            // The feed stopped (shutdown): nothing more will come.
-            Ok(Err(broadcast::error::RecvError::Closed)) => {
-                drop(events);
-                tokio::time::sleep(timeout).await;
-                false
-            }
-            Err(_) => false,
         }
     }
 }

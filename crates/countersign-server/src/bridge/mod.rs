@@ -179,9 +179,18 @@ impl Bridge {
             } else {
                 POLL
             };
+            // Only the requests still waiting for a decision: the rest of what a pass
+            // does follows the files, which are looked at every POLL.
+            let waiting: HashSet<&str> = self
+                .tracked
+                .values()
+                .filter(|t| !t.closed())
+                .map(|t| t.request_id.as_str())
+                .collect();
+            let concerns = |id: &str| waiting.contains(id);
             tokio::select! {
                 () = shutdown.cancelled() => return,
-                changed = self.asks.changed(wait) => woke |= changed,
+                changed = self.asks.changed(wait, &concerns) => woke |= changed,
             }
         }
     }
