@@ -27,27 +27,34 @@ pub async fn run(config: &Config, args: &HealthcheckArgs) -> anyhow::Result<Exit
         None => format!("http://{}", loopback_for(config.listen)),
     };
     let url = format!("{base}/healthz");
-    let client = reqwest::Client::builder()
-        .no_proxy()
-        .timeout(Duration::from_secs(args.timeout.max(1)))
-        .build()?;
-    match client.get(&url).send().await {
-        Ok(answer) => {
-            let status = answer.status();
-            let body: serde_json::Value = answer.json().await.unwrap_or_default();
-            if status.is_success() && body["status"] == "ok" {
-                println!("ok: {url}");
-                Ok(ExitCode::SUCCESS)
-            } else {
-                println!("unhealthy: {url} answered {status} {body}");
-                Ok(ExitCode::from(1))
-            }
+    match ask(&base, Duration::from_secs(args.timeout.max(1))).await {
+        Ok((status, body)) if status.is_success() && body["status"] == "ok" => {
+            println!("ok: {url}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Ok((status, body)) => {
+            println!("unhealthy: {url} answered {status} {body}");
+            Ok(ExitCode::from(1))
         }
         Err(err) => {
             println!("unhealthy: {url}: {err}");
             Ok(ExitCode::from(1))
         }
     }
+}
+
+/// `GET {base}/healthz`: the status and the JSON answer (`null` if it is not JSON).
+pub(crate) async fn ask(
+    base: &str,
+    timeout: Duration,
+) -> Result<(reqwest::StatusCode, serde_json::Value), reqwest::Error> {
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .timeout(timeout)
+        .build()?;
+    let answer = client.get(format!("{base}/healthz")).send().await?;
+    let status = answer.status();
+    Ok((status, answer.json().await.unwrap_or_default()))
 }
 
 /// Where to reach a server listening on `listen` from the same machine.

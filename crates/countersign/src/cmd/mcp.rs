@@ -1,4 +1,5 @@
 use std::process::ExitCode;
+use std::time::Duration;
 
 use std::sync::Arc;
 
@@ -140,21 +141,9 @@ async fn warn_if_nobody_notifies(config: Config, kid: String) {
         return;
     }
     let at = crate::cmd::healthcheck::loopback_for(config.listen);
-    let answer = match reqwest::Client::builder()
-        .no_proxy()
-        .timeout(std::time::Duration::from_secs(2))
-        .build()
-    {
-        Ok(client) => client.get(format!("http://{at}/healthz")).send().await.ok(),
-        Err(_) => None,
-    };
-    let served_here = match answer {
-        Some(answer) => answer
-            .json::<serde_json::Value>()
-            .await
-            .is_ok_and(|body| body["kid"] == kid.as_str()),
-        None => false,
-    };
+    let served_here = crate::cmd::healthcheck::ask(&format!("http://{at}"), Duration::from_secs(2))
+        .await
+        .is_ok_and(|(_, body)| body["kid"] == kid.as_str());
     if !served_here {
         crate::cmd::announce(
             "WARN",
