@@ -27,5 +27,6 @@ mod instances;
 mod operate;
 mod policies;
 mod quorum;
+mod sdk_verifiers;
 mod shipping;
 mod webhooks;
