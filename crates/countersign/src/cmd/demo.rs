@@ -39,11 +39,9 @@ fn ask(description: &str, pairs: &[(&str, &str)], hours: f64) -> NewRequest {
 }
 
 pub async fn run(config: &Config, args: &DemoArgs) -> anyhow::Result<ExitCode> {
-    if config.database_path().exists() {
-        bail!(
-            "{} already has a database; the demo fills a fresh data directory (try --data-dir /tmp/countersign-demo)",
-            config.data_dir.display()
-        );
+    let db = config.database_path();
+    if db.exists() {
+        set_aside(config, &db).await?;
     }
     let gate = runtime::open(config).await?;
     let admin = runtime::local_admin();
@@ -289,4 +287,58 @@ pub async fn run(config: &Config, args: &DemoArgs) -> anyhow::Result<ExitCode> {
     drop(gate);
     eprintln!("open {} in a browser", config.public_url);
     crate::cmd::serve::run(config).await
+}
+
+/// An existing database is backed up first (`countersign backup`: the database and its
+/// signing keys, one consistent snapshot, durable before anything is removed) into
+/// `countersign-before-demo-<UTC time>.zip` in the data directory, then set aside, so
+/// that the demo fills a fresh one; `countersign restore` brings the backup back.
+/// Refused while a `serve` answers at the configured address.
+async fn set_aside(config: &Config, db: &std::path::Path) -> anyhow::Result<()> {
+    let at = crate::cmd::healthcheck::loopback_for(config.listen);
+    if crate::cmd::healthcheck::ask(&format!("http://{at}"), std::time::Duration::from_secs(2))
+        .await
+        .is_ok()
+    {
+        bail!(
+            "a countersign serve answers at {at}: stop it before `countersign demo` replaces the database of {} (or try --data-dir /tmp/countersign-demo)",
+            config.data_dir.display()
+        );
+    }
+    let stamp = chrono::Utc::now().format("%Y%m%dT%H%M%SZ");
+    let file = config
+        .data_dir
+        .join(format!("countersign-before-demo-{stamp}.zip"));
+    crate::cmd::backup::backup(
+        config,
+        &crate::cmd::backup::BackupArgs { file: file.clone() },
+    )
+    .await
+    .map_err(|e| {
+        anyhow::anyhow!(
+            "could not back up the existing database {} (nothing was changed): {e:#}",
+            db.display()
+        )
+    })?;
+    for suffix in ["", "-wal", "-shm", "-poke"] {
+        let part = std::path::PathBuf::from(format!("{}{suffix}", db.display()));
+        match std::fs::remove_file(&part) {
+            Ok(()) => {}
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {}
+            Err(err) => bail!(
+                "backed up to {}, but could not remove {}: {err}",
+                file.display(),
+                part.display()
+            ),
+        }
+    }
+    crate::cmd::announce(
+        "INFO",
+        &format!(
+            "the existing database is backed up to {} and set aside; the demo fills a fresh one (to go back: `countersign restore {} --data-dir <an empty directory>`)",
+            file.display(),
+            file.display()
+        ),
+    );
+    Ok(())
 }

@@ -178,3 +178,43 @@ async fn a_damaged_or_foreign_archive_is_refused_and_restores_nothing() {
         out.stderr
     );
 }
+
+/// `countersign demo` on a data directory that has a database backs it up (database and
+/// keys, as `countersign backup` does) and fills a fresh one; the backup restores the
+/// old installation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_backs_up_an_existing_database_then_fills_a_fresh_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("live");
+    create_token(&data, "agent", "mine-before-demo").await;
+    let out = run(&data, &["demo", "--no-serve"]).await;
+    assert!(out.ok(), "demo failed on an existing database:\n{out}");
+    let backups: Vec<_> = std::fs::read_dir(&data)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| {
+            p.file_name()
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .starts_with("countersign-before-demo-")
+        })
+        .collect();
+    assert_eq!(backups.len(), 1, "one backup: {backups:?}\n{out}");
+    assert!(
+        out.stderr.contains("backed up") || out.stdout.contains("backed up"),
+        "it says where the old database went:\n{out}"
+    );
+    let tokens = run_ok(&data, &["token", "list"]).await;
+    assert!(
+        tokens.contains("deploy-bot") && !tokens.contains("mine-before-demo"),
+        "the demo filled a fresh database: {tokens}"
+    );
+
+    // The backup brings the old installation back.
+    let back = tmp.path().join("back");
+    let out = run(&back, &["restore", path_str(&backups[0])]).await;
+    assert!(out.ok(), "restore of the demo's backup failed:\n{out}");
+    let tokens = run_ok(&back, &["token", "list"]).await;
+    assert!(tokens.contains("mine-before-demo"), "{tokens}");
+}
