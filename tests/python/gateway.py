@@ -92,6 +92,40 @@ async def held_request(ctx: Context, agent: str, within: float = 20, by: str | N
     raise AssertionError(f"no pending request from {by or 'stdio:' + agent} within {within}s")
 
 
+def approved_of(ctx: Context, by: str) -> list[dict[str, Any]]:
+    """The approved requests of the principal `by`, newest first."""
+    r = http("GET", ctx.url("/api/v1/requests?status=approved"), token=ctx.approver_token)
+    check(r.status == 200, f"list approved: {r.status} {r.body[:200]!r}")
+    body = r.json()
+    items = body["requests"] if isinstance(body, dict) else body
+    return [q for q in items if q["requested_by"] == by]
+
+
+async def forwarded_once(ctx: Context, by: str, count: int) -> list[dict[str, Any]]:
+    """Waits (the outcome is written beside the answer, not before it) until `by` has
+    `count` approved requests, each claimed once and with its outcome recorded."""
+    deadline = time.monotonic() + 10
+    while True:
+        found = approved_of(ctx, by)
+        done = [q for q in found if (q.get("outcome") or {}).get("status") == "succeeded"]
+        if len(found) == count and len(done) == count:
+            return found
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{by}: expected {count} forwarded requests with outcomes, got {found}")
+        await asyncio.sleep(0.05)
+
+
+async def with_outcome(ctx: Context, rid: str) -> dict[str, Any]:
+    """The request once its outcome is recorded (written beside the call's answer, so
+    it may land just after the agent has the answer); as it is after 10 s otherwise."""
+    deadline = time.monotonic() + 10
+    while True:
+        done = request(ctx, rid)
+        if done.get("outcome") or time.monotonic() > deadline:
+            return done
+        await asyncio.sleep(0.05)
+
+
 def request(ctx: Context, rid: str) -> dict[str, Any]:
     r = http("GET", ctx.url(f"/api/v1/requests/{rid}"), token=ctx.approver_token)
     check(r.status == 200, f"get {rid}: {r.status} {r.body[:200]!r}")
@@ -132,7 +166,7 @@ async def approve_flow(ctx: Context, results: Results) -> None:
         check(not result.is_error, f"the approved call ran: {result}")
         check(calls(notes) == ["write_note a"], f"ran exactly once: {calls(notes)}")
         check((notes / "a").read_text() == "hello", "with exactly the approved arguments")
-        done = request(ctx, held["request_id"])
+        done = await with_outcome(ctx, held["request_id"])
         check(done.get("used") is not None, f"the approval is used: {done}")
         check((done.get("outcome") or {}).get("status") == "succeeded", f"the outcome is recorded: {done}")
 
@@ -169,9 +203,20 @@ async def policy_flow(ctx: Context, results: Results) -> None:
         r = await asyncio.wait_for(client.call_tool("write_note", {"name": "auto-1", "text": "by rule"}), 30)
         check(not r.is_error, f"a permit approves a gateway call at once: {text_of(r)}")
         check(calls(notes) == ["write_note auto-1"], f"and it ran once: {calls(notes)}")
+        # The same call again at once: its own request (the first one's outcome is
+        # written beside its answer, and the repeat waits for it rather than joining a
+        # request whose forward has no outcome yet), approved and run again.
+        r = await asyncio.wait_for(client.call_tool("write_note", {"name": "auto-1", "text": "by rule"}), 30)
+        check(not r.is_error, f"the same call again is approved again: {text_of(r)}")
+        check(calls(notes) == ["write_note auto-1"] * 2, f"and it ran again, once: {calls(notes)}")
+        ruled = await forwarded_once(ctx, f"stdio:{agent}", 2)
+        for q in ruled:
+            check((q.get("decision") or {}).get("policy", {}).get("id") == "gw-auto-notes",
+                  f"approved by the policy, named: {q.get('decision')}")
+            check((q.get("used") or {}).get("tool") == "write_note", f"claimed for the forward: {q.get('used')}")
         r = await asyncio.wait_for(client.call_tool("write_note", {"name": "secrets", "text": "x"}), 30)
         check(r.is_error and "gw-no-secrets" in text_of(r), f"a forbid refuses it, naming the policy: {text_of(r)}")
-        check(calls(notes) == ["write_note auto-1"], f"a refused call never runs: {calls(notes)}")
+        check(calls(notes) == ["write_note auto-1"] * 2, f"a refused call never runs: {calls(notes)}")
         check(pending_of(ctx, agent) == [], "no person was asked")
     print("    a policy approved one gateway call at once and refused another", flush=True)
 
@@ -366,8 +411,17 @@ async def remote_flow(ctx: Context, results: Results) -> None:
         ctx.approve(held["request_id"])
         result = await asyncio.wait_for(call, 30)
         check(not result.is_error and calls(notes) == ["write_note r"], f"ran once: {text_of(result)} {calls(notes)}")
-        done = request(ctx, held["request_id"])
+        done = await with_outcome(ctx, held["request_id"])
         check((done.get("outcome") or {}).get("status") == "succeeded", f"the outcome is on the server: {done.get('outcome')}")
+
+        # A policy approves a call at once: claimed with its approval in one write on
+        # the server, run once, its outcome recorded there.
+        r = await asyncio.wait_for(client.call_tool("write_note", {"name": "auto-r", "text": "ruled"}), 30)
+        check(not r.is_error, f"a policy approves the remote gateway's call: {text_of(r)}")
+        check(calls(notes) == ["write_note r", "write_note auto-r"], f"ran once: {calls(notes)}")
+        ruled = [q for q in await forwarded_once(ctx, by, 2) if q["action_details"].get("/name") == '"auto-r"']
+        check(len(ruled) == 1 and (ruled[0].get("decision") or {}).get("policy", {}).get("id") == "gw-auto-notes",
+              f"approved by the policy: {ruled}")
 
         # The client gives up: the request is withdrawn on the server, and stays so.
         call = asyncio.create_task(client.call_tool("write_note", {"name": "gone", "text": "never"}))
@@ -378,7 +432,7 @@ async def remote_flow(ctx: Context, results: Results) -> None:
             await asyncio.sleep(0.1)
         check(request(ctx, held["request_id"])["status"] == "cancelled", f"withdrawn: {request(ctx, held['request_id'])['status']}")
         check(ctx.approve(held["request_id"]).status != 200, "a withdrawn call cannot be approved")
-    check(calls(notes) == ["write_note r"], f"nothing else ran: {calls(notes)}")
+    check(calls(notes) == ["write_note r", "write_note auto-r"], f"nothing else ran: {calls(notes)}")
     check(not (ctx.scratch / f"{name}-home").exists(), "the remote gateway made no data directory")
     print("    remote gateway: agent token refused; held with progress, ran once; withdrawn when the client gave up", flush=True)
 

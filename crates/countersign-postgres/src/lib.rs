@@ -207,14 +207,19 @@ impl Store for PostgresStore {
     async fn create_decided(
         &self,
         created: &SealedTransition,
-        decided: &SealedTransition,
+        then: &[SealedTransition],
     ) -> Result<Created> {
+        let Some(last) = then.last() else {
+            return self.create_request(created).await;
+        };
         let write = Write::CreateDecided(
             TransitionRow::of(created)?,
-            Box::new(TransitionRow::of(decided)?),
+            then.iter()
+                .map(TransitionRow::of)
+                .collect::<Result<Vec<_>>>()?,
         );
         match self.write(write).await? {
-            Outcome::CreatedDecided => Ok(Created::New(decided.request.clone())),
+            Outcome::CreatedDecided => Ok(Created::New(last.request.clone())),
             Outcome::Created(Inserted::Existing(existing)) => Ok(Created::Existing(*existing)),
             _ => Err(unexpected("create_decided")),
         }
@@ -445,7 +450,18 @@ impl Store for PostgresStore {
 
     async fn integrate(&self, from: u64, to: u64, nodes: &[(NodeId, Hash)]) -> Result<bool> {
         let mut client = self.pool.client("integrate log entries").await?;
-        log::integrate(&mut client, from, to, nodes).await
+        log::integrate(&mut client, from, to, nodes, None).await
+    }
+
+    async fn integrate_signed(
+        &self,
+        from: u64,
+        to: u64,
+        nodes: &[(NodeId, Hash)],
+        checkpoint: &StoredCheckpoint,
+    ) -> Result<bool> {
+        let mut client = self.pool.client("integrate log entries").await?;
+        log::integrate(&mut client, from, to, nodes, Some(checkpoint)).await
     }
 
     async fn log_nodes(&self, ids: &[NodeId]) -> Result<BTreeMap<NodeId, Hash>> {

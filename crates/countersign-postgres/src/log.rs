@@ -34,6 +34,7 @@ pub(crate) async fn integrate(
     from: u64,
     to: u64,
     nodes: &[(NodeId, Hash)],
+    checkpoint: Option<&StoredCheckpoint>,
 ) -> Result<bool, StoreError> {
     let op = "integrate log entries";
     if to < from {
@@ -92,6 +93,14 @@ pub(crate) async fn integrate(
             db_err(op)(e)
         }
     })?;
+    // Signed over the new tree, in the same transaction: both or neither.
+    if let Some(checkpoint) = checkpoint {
+        let size = to_sql_int(checkpoint.size);
+        let at = checkpoint.created_at.millis();
+        tx.execute(ADD_CHECKPOINT, &[&size, &checkpoint.note, &at])
+            .await
+            .map_err(db_err("store a checkpoint"))?;
+    }
     tx.commit().await.map_err(db_err("commit an integration"))?;
     Ok(true)
 }

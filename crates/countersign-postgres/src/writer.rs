@@ -49,9 +49,10 @@ use crate::tokens::{self, NewToken, Revocation};
 /// A write that appends an event (or, for `Check`, proves that one could).
 pub(crate) enum Write {
     CreateRequest(TransitionRow),
-    /// A new request and its decision (a policy's), in one transaction: the request's
-    /// insert, then, only if it inserted, the decision's update.
-    CreateDecided(TransitionRow, Box<TransitionRow>),
+    /// A new request and what follows it at once (a policy's decision; a gateway's
+    /// claim), in one transaction: the request's insert, then, only if it inserted,
+    /// each following update in order.
+    CreateDecided(TransitionRow, Vec<TransitionRow>),
     Apply(TransitionRow),
     AppendEvent(EventRow),
     CreateToken(NewToken),
@@ -382,27 +383,31 @@ async fn run_write(session: &Session, write: &Write) -> Result<Decoded, Failed> 
     )
     .await?;
     let decoded = write.decode(&first);
-    let Write::CreateDecided(_, decided) = write else {
+    let Write::CreateDecided(_, then) = write else {
         return Ok(decoded);
     };
-    // The decision only if the request was inserted: an idempotent repeat returns the
+    // The rest only if the request was inserted: an idempotent repeat returns the
     // request that was there, and a taken id is refused, both with nothing written.
     if decoded.poisoned || !matches!(decoded.result, Ok(Outcome::Created(Inserted::New))) {
         return Ok(decoded);
     }
-    let second = query_one(session, write, &session.statements.apply, decided.params()).await?;
-    let applied = requests::decode_apply(&decided.request.id, &second);
-    Ok(match applied.result {
-        Ok(_) if !applied.poisoned => Decoded {
-            seq: applied.seq,
-            result: Ok(Outcome::CreatedDecided),
-            poisoned: false,
-        },
-        // Nothing else can have touched a request this transaction just inserted; if the
-        // decision was not written all the same, the request must not be either: the
-        // batch does not commit.
-        Ok(_) => Decoded::failed(missing()),
-        Err(err) => Decoded::failed(err),
+    let mut seq = decoded.seq;
+    for next in then {
+        let row = query_one(session, write, &session.statements.apply, next.params()).await?;
+        let applied = requests::decode_apply(&next.request.id, &row);
+        match applied.result {
+            Ok(_) if !applied.poisoned => seq = applied.seq,
+            // Nothing else can have touched a request this transaction just inserted;
+            // if a transition was not written all the same, the request must not be
+            // either: the batch does not commit.
+            Ok(_) => return Ok(Decoded::failed(missing())),
+            Err(err) => return Ok(Decoded::failed(err)),
+        }
+    }
+    Ok(Decoded {
+        seq,
+        result: Ok(Outcome::CreatedDecided),
+        poisoned: false,
     })
 }
 

@@ -32,8 +32,13 @@ const WAIT_SLICE: Duration = Duration::from_secs(15);
 pub enum Ruling {
     /// Forward it; nothing was stored.
     Pass,
-    /// The request that holds it.
-    Held { request: Box<ApprovalView> },
+    /// The request that holds it. `claimed`: approved as it was asked and already
+    /// claimed for this call's forward (the call's `claim_for`), in the same write.
+    Held {
+        request: Box<ApprovalView>,
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        claimed: bool,
+    },
 }
 
 /// The longest a call may be held (a week).
@@ -56,6 +61,10 @@ pub struct CallBody {
     pub hold_seconds: u64,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub description: Option<String>,
+    /// The instance that forwards the call, for an approval given at once to be
+    /// claimed for it in the same write ([`Ruling::Held`]'s `claimed`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim_for: Option<String>,
 }
 
 impl CallBody {
@@ -68,6 +77,7 @@ impl CallBody {
             session: call.session.clone(),
             hold_seconds: call.hold.as_secs(),
             description: call.description.clone(),
+            claim_for: call.claim_for.clone(),
         }
     }
 
@@ -82,6 +92,13 @@ impl CallBody {
                 )));
             }
         }
+        if let Some(instance) = &self.claim_for
+            && (instance.is_empty() || instance.len() > 200)
+        {
+            return Err(GateError::BadInput(
+                "claim_for: give 1 to 200 characters".into(),
+            ));
+        }
         if self.hold_seconds == 0 || self.hold_seconds > MAX_HOLD_SECONDS {
             return Err(GateError::BadInput(format!(
                 "hold_seconds: give between 1 and {MAX_HOLD_SECONDS}"
@@ -95,6 +112,7 @@ impl CallBody {
             session: self.session,
             hold: Duration::from_secs(self.hold_seconds),
             description: self.description,
+            claim_for: self.claim_for,
         })
     }
 }
@@ -162,8 +180,9 @@ impl Approvals for LocalGate {
     async fn call(&self, call: &GatewayCall) -> Result<Ruling, GateError> {
         Ok(match self.gate.gateway_call(&self.who, call).await? {
             Gated::Pass => Ruling::Pass,
-            Gated::Held(request) => Ruling::Held {
+            Gated::Held { request, claimed } => Ruling::Held {
                 request: Box::new(ApprovalView::new(&request)),
+                claimed,
             },
         })
     }
@@ -224,9 +243,22 @@ pub async fn ask(
     progress: &mut (dyn FnMut(f64, &str) + Send),
     cancelled: impl std::future::Future<Output = ()> + Send,
 ) -> Result<Verdict, GateError> {
-    let mut request = match gate.call(call).await? {
+    let call = GatewayCall {
+        claim_for: Some(instance.to_string()),
+        ..call.clone()
+    };
+    let mut request = match gate.call(&call).await? {
         Ruling::Pass => return Ok(Verdict::Forward { request: None }),
-        Ruling::Held { request } => *request,
+        // Approved by a policy as it was asked, and claimed for this forward with it.
+        Ruling::Held {
+            request,
+            claimed: true,
+        } => {
+            return Ok(Verdict::Forward {
+                request: Some(request.request_id),
+            });
+        }
+        Ruling::Held { request, .. } => *request,
     };
     let start = tokio::time::Instant::now();
     let deadline = start + call.hold;

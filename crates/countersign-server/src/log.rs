@@ -110,9 +110,11 @@ impl TransparencyLog {
             if to == from {
                 break;
             }
-            if self.store.integrate(from, to, &created).await? {
-                self.sign(to, range.root()).await?;
-            }
+            // The checkpoint goes in with the nodes: one commit per integration.
+            let checkpoint = self.signed(to, range.root());
+            self.store
+                .integrate_signed(from, to, &created, &checkpoint)
+                .await?;
         }
         // A checkpoint for the integrated size, even if the process that integrated it
         // stopped before signing.
@@ -126,20 +128,23 @@ impl TransparencyLog {
     }
 
     async fn sign(&self, size: u64, root: Hash) -> Result<(), GateError> {
+        self.store.add_checkpoint(&self.signed(size, root)).await?;
+        Ok(())
+    }
+
+    /// A checkpoint of the tree of `size` entries with `root`, signed now.
+    fn signed(&self, size: u64, root: Hash) -> StoredCheckpoint {
         let note = Checkpoint {
             origin: self.origin.clone(),
             size,
             root,
         }
         .sign(&self.keys.signer());
-        self.store
-            .add_checkpoint(&StoredCheckpoint {
-                size,
-                note,
-                created_at: self.clock.now(),
-            })
-            .await?;
-        Ok(())
+        StoredCheckpoint {
+            size,
+            note,
+            created_at: self.clock.now(),
+        }
     }
 
     /// Integrates shortly after new events arrive, until `shutdown`. Also reloads the

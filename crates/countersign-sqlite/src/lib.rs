@@ -168,21 +168,28 @@ impl Store for SqliteStore {
     async fn create_decided(
         &self,
         created: &SealedTransition,
-        decided: &SealedTransition,
+        then: &[SealedTransition],
     ) -> Result<Created, StoreError> {
         let created_event = EventRow::of(&created.event)?;
         let (id, version) = (created.request.id.to_string(), created.request.version);
-        let decided_row = TransitionRow::of(decided)?;
-        // One job, so one commit: both events or neither. The row goes in once, as
-        // decided, rather than inserted as created and then updated.
+        let rows = then
+            .iter()
+            .map(TransitionRow::of)
+            .collect::<Result<Vec<_>, _>>()?;
+        let Some(last) = then.last() else {
+            return self.create_request(created).await;
+        };
+        let stored = last.request.clone();
+        // One job, so one commit: every event or none. The row goes in once, as it
+        // ends, rather than inserted as created and then updated.
         match self
             .writer
             .submit(move |conn| {
-                requests::insert_decided(conn, (&id, version, &created_event), &decided_row)
+                requests::insert_decided(conn, (&id, version, &created_event), &rows)
             })
             .await?
         {
-            Inserted::New => Ok(Created::New(decided.request.clone())),
+            Inserted::New => Ok(Created::New(stored)),
             Inserted::Existing(existing) => Ok(Created::Existing(*existing)),
         }
     }
@@ -410,6 +417,27 @@ impl Store for SqliteStore {
         let nodes = nodes.to_vec();
         self.writer
             .submit(move |conn| log::integrate(conn, from, to, &nodes))
+            .await
+    }
+
+    async fn integrate_signed(
+        &self,
+        from: u64,
+        to: u64,
+        nodes: &[(NodeId, Hash)],
+        checkpoint: &StoredCheckpoint,
+    ) -> Result<bool, StoreError> {
+        let nodes = nodes.to_vec();
+        let checkpoint = checkpoint.clone();
+        // One job, so one commit: the nodes, the size and the checkpoint, or nothing.
+        self.writer
+            .submit(move |conn| {
+                if !log::integrate(conn, from, to, &nodes)? {
+                    return Ok(false);
+                }
+                log::add_checkpoint(conn, &checkpoint)?;
+                Ok(true)
+            })
             .await
     }
 

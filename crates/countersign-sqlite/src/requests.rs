@@ -36,30 +36,44 @@ pub(crate) fn insert(conn: &Connection, row: &TransitionRow) -> Result<Inserted,
     Ok(Inserted::New)
 }
 
-/// Inserts a request decided as it was created (a policy's decision): its row as
-/// decided, the created event, then the decided one; unless its requester already used
-/// its idempotency key.
+/// Inserts a request decided as it was created (a policy's decision, and for a call
+/// the gateway forwards, its claim): its row as it ends, the created event, then each
+/// following one; unless its requester already used its idempotency key.
 pub(crate) fn insert_decided(
     conn: &Connection,
     created: (&str, u64, &countersign_store::rows::EventRow),
-    decided: &TransitionRow,
+    then: &[TransitionRow],
 ) -> Result<Inserted, StoreError> {
-    let request = &decided.request;
     let (id, version, created) = created;
-    // As `apply` would refuse it: the decision must be the next version of that request.
-    if request.id != id || u64::try_from(request.version).ok() != version.checked_add(1) {
+    let Some(last) = then.last() else {
         return Err(StoreError::Backend(format!(
-            "the decision of {} (version {}) does not follow the creation of {id} (version {version})",
-            request.id, request.version
+            "request {id}: no transition follows its creation"
         )));
+    };
+    // As `apply` would refuse them: each must be the next version of that request.
+    let mut expected = version;
+    for next in then {
+        let request = &next.request;
+        expected = expected.saturating_add(1);
+        if request.id != id || u64::try_from(request.version).ok() != Some(expected) {
+            return Err(StoreError::Backend(format!(
+                "the transition of {} (version {}) does not follow {id} (version {})",
+                request.id,
+                request.version,
+                expected - 1
+            )));
+        }
     }
+    let request = &last.request;
     let key = request.idempotency_key.as_deref();
     if let Some(existing) = by_key(conn, &request.requested_by, key)? {
         return Ok(existing);
     }
     insert_row(conn, request, "insert a request")?;
     events::append(conn, created)?;
-    events::append(conn, &decided.event)?;
+    for next in then {
+        events::append(conn, &next.event)?;
+    }
     Ok(Inserted::New)
 }
 

@@ -143,25 +143,35 @@ pub trait Store: Send + Sync + 'static {
     async fn create_request(&self, write: &SealedTransition) -> Result<Created, StoreError>;
 
     /// Stores a new request already decided (a policy's decision at creation):
-    /// `created` is its creation, `decided` the next transition. [`Created::New`] holds
-    /// the request as stored: `decided`'s, unless someone else changed it in between
-    /// (then theirs). With an idempotency key already used, returns the existing request
-    /// and writes nothing, as [`Store::create_request`].
+    /// `created` is its creation, `then` the transitions that follow it at once, in
+    /// order (the decision; for a call the gateway forwards, also its claim), each the
+    /// next version of the one before. [`Created::New`] holds the request as stored:
+    /// the last of `then`, unless someone else changed it in between (then theirs).
+    /// With an idempotency key already used, returns the existing request and writes
+    /// nothing, as [`Store::create_request`].
     ///
-    /// A backend should write both in one transaction (the SQLite and PostgreSQL stores
-    /// do); this default writes them one after the other, which costs two commits and,
-    /// if the decision cannot be written, keeps the request (pending, for a person).
+    /// A backend should write them all in one transaction (the SQLite and PostgreSQL
+    /// stores do); this default writes them one after the other, which costs a commit
+    /// each and, if a later one cannot be written, keeps what was (a pending request
+    /// goes to a person; an approval not claimed is claimed by the caller afterwards).
     async fn create_decided(
         &self,
         created: &SealedTransition,
-        decided: &SealedTransition,
+        then: &[SealedTransition],
     ) -> Result<Created, StoreError> {
         match self.create_request(created).await? {
-            Created::New(_) => match self.apply(decided).await {
-                Ok(()) => Ok(Created::New(decided.request.clone())),
-                Err(StoreError::VersionConflict { current }) => Ok(Created::New(*current)),
-                Err(err) => Err(err),
-            },
+            Created::New(mut stored) => {
+                for next in then {
+                    match self.apply(next).await {
+                        Ok(()) => stored = next.request.clone(),
+                        Err(StoreError::VersionConflict { current }) => {
+                            return Ok(Created::New(*current));
+                        }
+                        Err(err) => return Err(err),
+                    }
+                }
+                Ok(Created::New(stored))
+            }
             existing @ Created::Existing(_) => Ok(existing),
         }
     }
@@ -315,6 +325,24 @@ pub trait Store: Send + Sync + 'static {
         to: u64,
         nodes: &[(NodeId, Hash)],
     ) -> Result<bool, StoreError>;
+
+    /// As [`Store::integrate`], and stores `checkpoint` (signed over the tree of `to`
+    /// entries) with it: both or, when another process integrated first, neither. The
+    /// SQLite and PostgreSQL stores write them in one transaction, so an integration
+    /// costs one commit; this default writes them one after the other.
+    async fn integrate_signed(
+        &self,
+        from: u64,
+        to: u64,
+        nodes: &[(NodeId, Hash)],
+        checkpoint: &StoredCheckpoint,
+    ) -> Result<bool, StoreError> {
+        if !self.integrate(from, to, nodes).await? {
+            return Ok(false);
+        }
+        self.add_checkpoint(checkpoint).await?;
+        Ok(true)
+    }
 
     /// The stored hashes of these nodes; a missing node is [`StoreError::NotFound`].
     async fn log_nodes(&self, ids: &[NodeId]) -> Result<BTreeMap<NodeId, Hash>, StoreError>;

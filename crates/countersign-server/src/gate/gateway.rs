@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use countersign_core::arguments::call_details;
 use countersign_core::evidence::OutcomeStatus;
-use countersign_core::{ApprovalRequest, NewRequest, Principal, Status};
+use countersign_core::{ApprovalRequest, NewRequest, Principal, Status, Timestamp, Transition};
 
 use super::Gate;
 use super::joining::MAX_ATTEMPTS;
@@ -31,6 +31,10 @@ const HOLD_GRACE_SECONDS: u64 = 30;
 pub struct Via {
     pub upstream: String,
     pub read_only: bool,
+    /// The instance that forwards the call: an approval given at once (a policy's) is
+    /// claimed for it in the same write as the request and its decision, so the call
+    /// goes out after one commit instead of two.
+    pub claim_for: Option<String>,
 }
 
 /// A call held on its way to an upstream.
@@ -47,6 +51,10 @@ pub struct GatewayCall {
     pub hold: Duration,
     /// A description for the approver; default "<tool> on <upstream>".
     pub description: Option<String>,
+    /// The instance that will forward the call: when a policy approves it as it is
+    /// asked, the approval is claimed for this instance in the same write
+    /// ([`Gated::Held`]'s `claimed`), and the call may go out at once.
+    pub claim_for: Option<String>,
 }
 
 /// What the gate says of a call.
@@ -55,7 +63,12 @@ pub enum Gated {
     /// Forward it; nothing was stored.
     Pass,
     /// The request that holds it (new, or the one an earlier try made), in any state.
-    Held(Box<ApprovalRequest>),
+    /// `claimed`: approved as it was asked and claimed for the call's `claim_for` in
+    /// the same write, so this call, and only this one, forwards it now.
+    Held {
+        request: Box<ApprovalRequest>,
+        claimed: bool,
+    },
 }
 
 impl Gate {
@@ -71,6 +84,7 @@ impl Gate {
         let via = Via {
             upstream: call.upstream.clone(),
             read_only: call.read_only,
+            claim_for: call.claim_for.clone(),
         };
         let key = format!("gw:{}", join_key(who, call));
         let hold = call.hold.as_secs().max(1);
@@ -97,7 +111,23 @@ impl Gate {
                 .map_err(too_large)?
             {
                 None => Gated::Pass,
-                Some(request) => Gated::Held(Box::new(request)),
+                Some(requested) => {
+                    let claimed = !requested.existing
+                        && call.claim_for.as_deref().is_some_and(|instance| {
+                            requested
+                                .request
+                                .action_record
+                                .as_ref()
+                                .is_some_and(|action| {
+                                    action.details.get("forwarded_by").map(String::as_str)
+                                        == Some(instance)
+                                })
+                        });
+                    Gated::Held {
+                        request: Box::new(requested.request),
+                        claimed,
+                    }
+                }
             },
         )
     }
@@ -135,15 +165,31 @@ impl Gate {
         instance: &str,
     ) -> Result<ApprovalRequest, GateError> {
         gateway_only(who)?;
-        let tool = request
-            .action
-            .details
-            .get(countersign_core::arguments::TOOL_DETAIL)
-            .cloned()
-            .unwrap_or_else(|| "gateway".into());
-        let details = [("forwarded_by".to_string(), instance.to_string())].into();
+        let (tool, details) = forward_claim(request, instance);
         self.record_action(who, request.id.as_str(), tool, details)
             .await
+    }
+
+    /// The claim of a call's approval given at once (a policy's, as the request is
+    /// made), for the instance `via` names as the one that forwards it: written with the
+    /// request and its decision. `None` when it is not approved or `via` names none.
+    pub(super) fn claim_at_once(
+        &self,
+        who: &Principal,
+        request: &ApprovalRequest,
+        via: &Via,
+        now: Timestamp,
+    ) -> Option<Result<Transition, GateError>> {
+        let instance = via.claim_for.as_deref()?;
+        if request.status != Status::Approved {
+            return None;
+        }
+        let (tool, details) = forward_claim(request, instance);
+        Some(
+            request
+                .record_action(tool, details, who, now, self.limits())
+                .map_err(GateError::from),
+        )
     }
 
     /// Records `unknown` as the outcome of `who`'s forwards to `upstream` that were
@@ -336,6 +382,22 @@ fn gateway_only(who: &Principal) -> Result<(), GateError> {
             who.id
         )))
     }
+}
+
+/// What the claim of `request`'s forward by `instance` records: the tool the call is
+/// for, and who forwards it.
+fn forward_claim(
+    request: &ApprovalRequest,
+    instance: &str,
+) -> (String, std::collections::BTreeMap<String, String>) {
+    let tool = request
+        .action
+        .details
+        .get(countersign_core::arguments::TOOL_DETAIL)
+        .cloned()
+        .unwrap_or_else(|| "gateway".into());
+    let details = [("forwarded_by".to_string(), instance.to_string())].into();
+    (tool, details)
 }
 
 /// What a sweep records for one request, and after how long.

@@ -13,7 +13,7 @@ use std::time::Duration;
 use countersign_core::{ApprovalRequest, NewRequest, Principal, Status, Timestamp};
 use sha2::{Digest, Sha256};
 
-use super::{Gate, Via};
+use super::{Gate, Requested, Via};
 use crate::error::GateError;
 
 /// How many finished requests one call's key may step over before it is refused (a
@@ -34,7 +34,7 @@ pub(crate) fn join_key(parts: &[&[u8]]) -> String {
 impl Gate {
     /// Creates the request `new` describes for `who` (its idempotency key is set here,
     /// from `key`), or returns the one an earlier ask of the same call made, when that
-    /// one [joins](joins). `Ok(None)`: the call passes with no request (a read-only tool
+    /// one [joins](joins) (`existing` then). `Ok(None)`: the call passes with no request (a read-only tool
     /// no policy speaks of, `via` the gateway). After [`MAX_ATTEMPTS`] finished requests,
     /// `too_many` says why no more are made.
     pub(crate) async fn create_joining(
@@ -45,7 +45,7 @@ impl Gate {
         key: &str,
         window: Duration,
         too_many: impl FnOnce() -> GateError,
-    ) -> Result<Option<ApprovalRequest>, GateError> {
+    ) -> Result<Option<Requested>, GateError> {
         for attempt in 0..MAX_ATTEMPTS {
             let new = NewRequest {
                 idempotency_key: Some(format!("{key}:{attempt}")),
@@ -55,12 +55,15 @@ impl Gate {
                 return Ok(None);
             };
             if !requested.existing {
-                return Ok(Some(requested.request));
+                return Ok(Some(requested));
             }
             // Read again: timed out first if its expiry passed.
             let request = self.get(who, requested.request.id.as_str()).await?;
             if joins(&request, self.now(), window) {
-                return Ok(Some(request));
+                return Ok(Some(Requested {
+                    request,
+                    existing: true,
+                }));
             }
         }
         Err(too_many())

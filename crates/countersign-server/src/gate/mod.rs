@@ -300,9 +300,13 @@ impl Gate {
             // A rule's decision is stored with the creation, in one write.
             Some(ruling) => {
                 let decided = self.rule(&transition.request, ruling)?;
-                self.store
-                    .create_decided(&created, &decided.seal(new_salt()?))
-                    .await?
+                let mut then = vec![decided.seal(new_salt()?)];
+                if let Some(claim) =
+                    via.and_then(|v| self.claim_at_once(who, &decided.request, v, now))
+                {
+                    then.push(claim?.seal(new_salt()?));
+                }
+                self.store.create_decided(&created, &then).await?
             }
             None => self.store.create_request(&created).await?,
         };

@@ -23,8 +23,9 @@ pub(super) async fn call(
     let call = body.into_call()?;
     Ok(Json(match gate.gateway_call(&who, &call).await? {
         Gated::Pass => Ruling::Pass,
-        Gated::Held(request) => Ruling::Held {
+        Gated::Held { request, claimed } => Ruling::Held {
             request: Box::new(ApprovalView::new(&request)),
+            claimed,
         },
     }))
 }

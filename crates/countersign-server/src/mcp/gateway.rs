@@ -98,6 +98,88 @@ pub struct GatewayService {
     upstreams: Arc<Vec<Arc<Upstream>>>,
     asks: Asks,
     settings: GatewaySettings,
+    /// The outcomes of forwarded calls still being recorded: the agent has its answer
+    /// before the outcome's commit (the claim, durable before the call went out, is
+    /// what keeps it from running twice; a lost outcome is swept as `unknown`).
+    outcomes: Outcomes,
+}
+
+/// Outcomes being recorded after their call's answer went back, by call.
+#[derive(Clone, Default)]
+struct Outcomes {
+    tasks: tokio_util::task::TaskTracker,
+    /// Per call (upstream, tool, arguments): held while its outcome is recorded, so that
+    /// the same call made again waits for it and is a new request, rather than joining
+    /// the one whose outcome is not written yet (which refuses it).
+    recording:
+        Arc<std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>>,
+}
+
+impl Outcomes {
+    fn key(call: &GatewayCall) -> String {
+        let arguments = countersign_core::jcs::to_vec(&call.arguments).unwrap_or_default();
+        format!(
+            "{}\n{}\n{}",
+            call.upstream,
+            call.tool,
+            String::from_utf8_lossy(&arguments)
+        )
+    }
+
+    /// Waits until no outcome of `call` is being recorded.
+    async fn settled(&self, call: &GatewayCall) {
+        let lock = match self.recording.lock() {
+            Ok(map) => map.get(&Self::key(call)).cloned(),
+            Err(_) => None,
+        };
+        if let Some(lock) = lock {
+            drop(lock.lock().await);
+        }
+    }
+
+    /// Records `call`'s outcome in the background (`record`), holding its call's lock.
+    fn record(
+        &self,
+        call: &GatewayCall,
+        record: impl std::future::Future<Output = ()> + Send + 'static,
+    ) {
+        let key = Self::key(call);
+        let lock = match self.recording.lock() {
+            Ok(mut map) => map.entry(key.clone()).or_default().clone(),
+            Err(_) => Arc::default(),
+        };
+        // Taken before the answer goes back, so a call made after it always waits.
+        let Ok(guard) = lock.clone().try_lock_owned() else {
+            // Another outcome of the same call is being recorded: wait behind it.
+            let recording = self.recording.clone();
+            self.tasks.spawn(async move {
+                let _guard = lock.lock_owned().await;
+                record.await;
+                forget(&recording, &key);
+            });
+            return;
+        };
+        let recording = self.recording.clone();
+        self.tasks.spawn(async move {
+            record.await;
+            drop(guard);
+            forget(&recording, &key);
+        });
+    }
+}
+
+/// Drops `key`'s lock once nobody holds or waits for it.
+fn forget(
+    recording: &std::sync::Mutex<std::collections::HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    key: &str,
+) {
+    if let Ok(mut map) = recording.lock()
+        && map
+            .get(key)
+            .is_some_and(|lock| Arc::strong_count(lock) == 1)
+    {
+        map.remove(key);
+    }
 }
 
 impl GatewayService {
@@ -106,7 +188,17 @@ impl GatewayService {
             upstreams: Arc::new(upstreams),
             asks,
             settings,
+            outcomes: Outcomes::default(),
         }
+    }
+
+    /// Waits (up to `within`) for the outcomes still being recorded, before the
+    /// process stops; true when none is left.
+    pub async fn settle(&self, within: Duration) -> bool {
+        self.outcomes.tasks.close();
+        tokio::time::timeout(within, self.outcomes.tasks.wait())
+            .await
+            .is_ok()
     }
 
     pub fn upstreams(&self) -> &[Arc<Upstream>] {
@@ -164,12 +256,13 @@ impl GatewayService {
 
     async fn forward(
         &self,
-        gate: &dyn Approvals,
+        gate: Arc<dyn Approvals>,
+        call: &GatewayCall,
         upstream: &Upstream,
         mut request: CallToolRequestParams,
-        tool: String,
         held: Option<String>,
     ) -> Result<CallToolResponse, ErrorData> {
+        let tool = call.tool.clone();
         request.name = tool.into();
         let peer = match upstream.peer().await {
             Ok(peer) => peer,
@@ -231,9 +324,12 @@ impl GatewayService {
                 )),
             ),
         };
-        if let Err(err) = gate.outcome(&id, status, summary).await {
-            tracing::warn!(request = %id, %err, "could not record the outcome of a forwarded call");
-        }
+        // The answer goes back now; the outcome is written beside it.
+        self.outcomes.record(call, async move {
+            if let Err(err) = gate.outcome(&id, status, summary).await {
+                tracing::warn!(request = %id, %err, "could not record the outcome of a forwarded call");
+            }
+        });
         Ok(response)
     }
 }
@@ -335,7 +431,11 @@ impl ServerHandler for GatewayService {
             session: self.settings.session.clone(),
             hold: self.settings.hold,
             description: None,
+            // Set by the held-call flow, for this instance.
+            claim_for: None,
         };
+        // The same call made just before may still be having its outcome recorded.
+        self.outcomes.settled(&call).await;
         let mut progress = super::progress_reporter(&context, self.settings.hold.as_secs_f64());
         let cancelled = context.ct.clone();
         let verdict = held::ask(
@@ -348,7 +448,7 @@ impl ServerHandler for GatewayService {
         .await;
         match verdict {
             Ok(Verdict::Forward { request: held }) => {
-                self.forward(&*gate, upstream, request, tool, held).await
+                self.forward(gate, &call, upstream, request, held).await
             }
             Ok(Verdict::Refused { reason }) => Ok(tool_error(reason)),
             Err(err) => Ok(tool_error(format!(

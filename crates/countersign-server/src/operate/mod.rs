@@ -491,6 +491,8 @@ impl Operations {
         let via = Via {
             upstream: UPSTREAM.into(),
             read_only: false,
+            // Claimed when it runs, by whichever instance runs it.
+            claim_for: None,
         };
         let new = NewRequest {
             description: bound.description.clone(),
@@ -506,6 +508,7 @@ impl Operations {
         self.gate
             .create_joining(who, new, &via, &key, REFUSAL_SHOWN, too_many)
             .await?
+            .map(|requested| requested.request)
             .ok_or_else(|| GateError::Internal("an operation passed without a request".into()))
     }
 

@@ -570,6 +570,21 @@ async fn only_a_gateway_token_speaks_for_a_gateway() {
     let id = held["request"]["request_id"].as_str().unwrap().to_string();
     assert_eq!(held["request"]["status"], "pending");
     assert_eq!(held["request"]["action_details"]["/amount"], "40");
+    // `claim_for` claims only an approval given at once (a policy's): a call that waits
+    // for a person is not claimed, whoever asks to claim it.
+    let mut claiming = call.clone();
+    claiming["claim_for"] = json!("proxy-0");
+    let (_, joined) = server
+        .post("/api/v1/gateway/calls", &gateway, claiming.clone())
+        .await;
+    assert_eq!(joined["request"]["request_id"], id.as_str(), "{joined}");
+    assert!(joined.get("claimed").is_none(), "{joined}");
+    assert!(joined["request"]["used"].is_null(), "{joined}");
+    claiming["claim_for"] = json!("");
+    let (status, body) = server
+        .post("/api/v1/gateway/calls", &gateway, claiming)
+        .await;
+    assert_eq!(status, 400, "an empty instance is refused: {body}");
     let (_, again) = server
         .post("/api/v1/gateway/calls", &gateway, call.clone())
         .await;

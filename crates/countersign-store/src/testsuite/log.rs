@@ -171,6 +171,42 @@ pub async fn concurrent_integrators_one_wins(store: Arc<dyn Store>) {
     assert_tree(&*store, n, &range.root()).await;
 }
 
+/// An integration and the checkpoint of its tree are stored together: a winner stores
+/// both, a loser (stale `from`) neither, and a refused integration (beyond the events)
+/// no checkpoint.
+pub async fn integration_with_its_checkpoint_is_one_write(store: Arc<dyn Store>) {
+    let n = 6;
+    fill_log(&*store, "req", n as usize).await;
+    let mut range = CompactRange::empty();
+    let nodes = grow(&mut range, &leaves(&*store, 0, n).await);
+    let signed = |size: u64, note: &str| StoredCheckpoint {
+        size,
+        note: format!("gate.example.com/log\n{size}\n{note}\n\n— gate.example.com sig\n"),
+        created_at: at(40),
+    };
+    let six = signed(n, "cm9vdC02");
+    assert!(store.integrate_signed(0, n, &nodes, &six).await.unwrap());
+    assert_eq!(store.integrated_size().await.unwrap(), n);
+    assert_eq!(store.checkpoint(None).await.unwrap(), Some(six.clone()));
+    assert_tree(&*store, n, &range.root()).await;
+
+    // A stale integrator loses and its checkpoint is not stored.
+    let stale = signed(n, "c3RhbGU=");
+    assert!(!store.integrate_signed(0, n, &nodes, &stale).await.unwrap());
+    assert_eq!(store.checkpoint(Some(n)).await.unwrap(), Some(six.clone()));
+
+    // Beyond the stored events: refused, and no checkpoint of that size appears.
+    let beyond = signed(n + 4, "YmV5b25k");
+    assert!(
+        store
+            .integrate_signed(n, n + 4, &[], &beyond)
+            .await
+            .is_err()
+    );
+    assert_eq!(store.checkpoint(Some(n + 4)).await.unwrap(), None);
+    assert_eq!(store.checkpoint(None).await.unwrap(), Some(six));
+}
+
 /// One checkpoint per size, the first kept; the largest is the latest.
 pub async fn checkpoints_one_per_size(store: Arc<dyn Store>) {
     assert_eq!(store.checkpoint(None).await.unwrap(), None);

@@ -62,7 +62,8 @@ pub use fixtures::{
 pub use imports::imports_copy_rows_without_events;
 pub use log::{
     checkpoints_one_per_size, concurrent_integrators_one_wins, concurrent_log_origins_agree,
-    integration_stores_the_tree, log_origin_first_wins,
+    integration_stores_the_tree, integration_with_its_checkpoint_is_one_write,
+    log_origin_first_wins,
 };
 pub use requests::{
     apply_is_compare_and_swap, concurrent_idempotent_creates_make_one_request,
@@ -96,6 +97,7 @@ macro_rules! store_test_suite {
             integration_stores_the_tree,
             erased_payloads_leave_the_log_intact,
             concurrent_integrators_one_wins,
+            integration_with_its_checkpoint_is_one_write,
             checkpoints_one_per_size,
             expiry_queries,
             list_requests_filters_and_order,

@@ -233,7 +233,7 @@ pub async fn create_decided_writes_both_or_neither(store: Arc<dyn Store>) {
         "n",
     );
     match store
-        .create_decided(&sealed(&created), &sealed(&decided))
+        .create_decided(&sealed(&created), &[sealed(&decided)])
         .await
         .unwrap()
     {
@@ -264,7 +264,7 @@ pub async fn create_decided_writes_both_or_neither(store: Arc<dyn Store>) {
         "m",
     );
     match store
-        .create_decided(&sealed(&retry), &sealed(&retry_decided))
+        .create_decided(&sealed(&retry), &[sealed(&retry_decided)])
         .await
         .unwrap()
     {
@@ -284,7 +284,7 @@ pub async fn create_decided_writes_both_or_neither(store: Arc<dyn Store>) {
         "o",
     );
     let err = store
-        .create_decided(&sealed(&clash), &sealed(&clash_decided))
+        .create_decided(&sealed(&clash), &[sealed(&clash_decided)])
         .await
         .unwrap_err();
     assert!(matches!(err, StoreError::Duplicate(_)), "{err}");
@@ -306,11 +306,80 @@ pub async fn create_decided_writes_both_or_neither(store: Arc<dyn Store>) {
     );
     skipped.request.version += 1;
     let refused = store
-        .create_decided(&sealed(&orphan), &sealed(&skipped))
+        .create_decided(&sealed(&orphan), &[sealed(&skipped)])
         .await;
     assert!(refused.is_err(), "{refused:?}");
     assert_eq!(store.get_request("req_ruled_3").await.unwrap(), None);
     assert_eq!(store.last_event_seq().await.unwrap(), 2);
+
+    // A decision and the claim of its one use (a gateway's forward), in one write: the
+    // row as claimed, and the three events in order.
+    let gated = new_request("req_ruled_4", &bot, 8, 3600, Some("k-gated"));
+    let approved = decide(
+        &gated.request,
+        Verdict::Approved,
+        &approver("policy"),
+        8,
+        "q",
+    );
+    let claimed = approved
+        .request
+        .record_action(
+            "write".into(),
+            [("forwarded_by".to_string(), "gw-1".to_string())].into(),
+            &bot,
+            at(8),
+            &Limits::default(),
+        )
+        .unwrap();
+    match store
+        .create_decided(&sealed(&gated), &[sealed(&approved), sealed(&claimed)])
+        .await
+        .unwrap()
+    {
+        Created::New(request) => assert_eq!(request, claimed.request),
+        Created::Existing(_) => panic!("a new request"),
+    }
+    let stored = store.get_request("req_ruled_4").await.unwrap().unwrap();
+    assert_eq!(stored, claimed.request);
+    assert!(stored.used().is_some(), "stored as claimed");
+    let events = store.events_after(2, 10).await.unwrap();
+    let kinds: Vec<(u64, EventKind)> = events.iter().map(|e| (e.seq, e.entry.kind)).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            (3, EventKind::RequestCreated),
+            (4, EventKind::RequestDecided),
+            (5, EventKind::ActionRecorded)
+        ]
+    );
+
+    // A chain with a gap (the claim skips a version): nothing is written.
+    let gapped = new_request("req_ruled_5", &bot, 9, 3600, None);
+    let approved = decide(
+        &gapped.request,
+        Verdict::Approved,
+        &approver("policy"),
+        9,
+        "r",
+    );
+    let mut claimed = approved
+        .request
+        .record_action(
+            "write".into(),
+            Default::default(),
+            &bot,
+            at(9),
+            &Limits::default(),
+        )
+        .unwrap();
+    claimed.request.version += 1;
+    let refused = store
+        .create_decided(&sealed(&gapped), &[sealed(&approved), sealed(&claimed)])
+        .await;
+    assert!(refused.is_err(), "{refused:?}");
+    assert_eq!(store.get_request("req_ruled_5").await.unwrap(), None);
+    assert_eq!(store.last_event_seq().await.unwrap(), 5);
 }
 
 /// `apply` stores only the next version, and a loser learns what won.

@@ -71,6 +71,8 @@ pub async fn run(config: &Config, args: &ExecArgs) -> anyhow::Result<ExitCode> {
         description: Some(args.description.clone().unwrap_or_else(|| {
             format!("run `{}` in {}", shell_words(&args.command), cwd.display())
         })),
+        // Set by the held-call flow, for this process.
+        claim_for: None,
     };
     let (gate, _, shutdown) =
         runtime::open_gateway(config, &args.remote, args.agent_name.as_deref(), false).await?;

@@ -90,6 +90,8 @@ pub async fn run(config: &Config, args: &HookArgs) -> anyhow::Result<ExitCode> {
         session: call.session,
         hold: Duration::from_secs(args.timeout),
         description: Some(call.description),
+        // Set by the held-call flow, for this process.
+        claim_for: None,
     };
     let instance = format!("hook-{}", std::process::id());
     let verdict = held::ask(

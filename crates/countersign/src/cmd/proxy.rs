@@ -123,6 +123,12 @@ pub async fn run(config: &Config, args: &ProxyArgs) -> anyhow::Result<ExitCode> 
         .await
         .context("the MCP client did not complete the handshake")?;
     let ended = running.waiting().await;
+    // The outcomes of the last calls may still be being written.
+    if !service.settle(Duration::from_secs(10)).await {
+        tracing::warn!(
+            "some outcomes were not written before the gateway stopped; they will be swept as unknown"
+        );
+    }
     shutdown.cancel();
     for upstream in service.upstreams() {
         upstream.close().await;

@@ -98,6 +98,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
     if let Some(ops) = operations {
         tokio::spawn(sweep_operations(ops, shutdown.clone()));
     }
+    let served: Vec<GatewayService> = gateways.iter().map(|(_, g)| g.clone()).collect();
     for (_, gateway) in gateways {
         tokio::spawn(run_gateway(gate.clone(), gateway, shutdown.clone()));
     }
@@ -182,6 +183,14 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         () = server => {}
         _ = async { shutdown.cancelled().await; tokio::time::sleep(DRAIN).await } => {
             tracing::warn!("in-flight requests did not finish within {DRAIN:?}; exiting");
+        }
+    }
+    // The outcomes of the gateways' last forwards may still be being written.
+    for gateway in &served {
+        if !gateway.settle(Duration::from_secs(5)).await {
+            tracing::warn!(
+                "some outcomes of forwarded calls were not written before stopping; they will be swept as unknown"
+            );
         }
     }
     Ok(ExitCode::SUCCESS)
