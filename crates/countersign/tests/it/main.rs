@@ -24,6 +24,7 @@ mod external_clients;
 mod grants;
 mod hooks;
 mod instances;
+mod metrics;
 mod operate;
 mod policies;
 mod quorum;
