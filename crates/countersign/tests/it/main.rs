@@ -18,6 +18,7 @@ mod bridge;
 mod browser;
 mod channels;
 mod cli;
+mod container;
 mod evidence;
 mod exec;
 mod external_clients;
