@@ -458,7 +458,8 @@ test("rejecting with a reason returns rejected and the reason to the agent", asy
 
 test("a stale page cannot decide a request decided elsewhere, and says who decided", async () => {
   const admin = await adminContext();
-  const approver = await newContext(s.browser, { ...DESKTOP, baseURL: s.server.base, storageState: s.approverState });
+  // Grace reads times in her own zone (+12:45/+13:45), so a time shown in UTC shows.
+  const approver = await newContext(s.browser, { ...DESKTOP, baseURL: s.server.base, storageState: s.approverState, timezoneId: "Pacific/Chatham" });
 
   // (a) Two live pages; Ada approves in hers, Grace's page updates itself.
   const first = await createRequest("Deploy api-gateway v2.14.0 to production", { service: "api-gateway", version: "2.14.0" });
@@ -492,6 +493,13 @@ test("a stale page cannot decide a request decided elsewhere, and says who decid
   await c.getByText(`Approved by ${ADMIN.name} via dashboard`).waitFor();
   assert.equal(await c.getByRole("button", { name: "Reject" }).count(), 0);
   const decided = await restRequest(first);
+  // The server's message says when, in UTC; the page says it in Grace's time.
+  assert.doesNotMatch(refusalText, /\d{4}-\d{2}-\d{2}T\d{2}:\d{2}/, `a raw UTC time: ${refusalText}`);
+  const local = await pageC.evaluate(
+    (iso) => new Date(iso).toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" }),
+    decided.decision.decided_at,
+  );
+  assert.ok(refusalText.includes(local), `"${local}" (Pacific/Chatham) in: ${refusalText}`);
   assert.equal(decided.status, "approved");
   assert.deepEqual(decided.decision.approvers.map((a) => a.display_name), [ADMIN.name]);
 

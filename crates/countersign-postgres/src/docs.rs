@@ -234,6 +234,8 @@ pub(crate) fn write_sql(op: DocOp, event: bool) -> String {
 
 const COLUMNS: &str = "kind, id, version, key, body::text, updated_at";
 
+pub(crate) const COUNT: &str = "SELECT count(*) FROM documents WHERE kind = $1";
+
 pub(crate) fn get_sql() -> String {
     format!("SELECT {COLUMNS} FROM documents WHERE kind = $1 AND id = $2")
 }

@@ -57,7 +57,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use countersign_core::merkle::{Hash, NodeId};
 use countersign_core::{
-    ApprovalRequest, PayloadOpening, SealedEvent, SealedTransition, Timestamp, TokenRecord,
+    ApprovalRequest, PayloadOpening, SealedEvent, SealedTransition, Status, Timestamp, TokenRecord,
 };
 use countersign_store::rows::{
     EventRow, RequestRow, TokenRow, TransitionRow, decode_integrated_size, to_sql_int,
@@ -275,6 +275,14 @@ impl Store for PostgresStore {
             .query_one("find the next expiry", requests::NEXT_EXPIRY, &[])
             .await?;
         requests::decode_next_expiry(&row)
+    }
+
+    async fn count_requests(&self, status: Status) -> Result<u64> {
+        let row = self
+            .pool
+            .query_one("count requests", requests::COUNT, &[&status.as_str()])
+            .await?;
+        decode_count(&row)
     }
 
     async fn create_token(&self, token: &TokenRecord, event: &SealedEvent) -> Result<()> {
@@ -526,6 +534,14 @@ impl Store for PostgresStore {
         Ok(docs::decode_docs(&rows)?.into_iter().next())
     }
 
+    async fn doc_count(&self, kind: &str) -> Result<u64> {
+        let row = self
+            .pool
+            .query_one("count documents", docs::COUNT, &[&kind])
+            .await?;
+        decode_count(&row)
+    }
+
     async fn doc_list(&self, kind: &str, id_prefix: &str, limit: usize) -> Result<Vec<Doc>> {
         let op = "list documents";
         let limit = to_sql_int(limit);
@@ -639,4 +655,10 @@ impl Store for PostgresStore {
         self.listeners.start(self.target.clone(), on_change).await;
         Ok(())
     }
+}
+
+/// A `count(*)`, which PostgreSQL answers as a bigint.
+fn decode_count(row: &tokio_postgres::Row) -> Result<u64> {
+    let n: i64 = row.try_get(0).map_err(error::column_err("a count"))?;
+    Ok(n.unsigned_abs())
 }

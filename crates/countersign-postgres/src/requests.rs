@@ -165,6 +165,8 @@ pub(crate) fn due_params(now: Timestamp, limit: usize) -> (i64, i64) {
 
 /// The status is a literal, not a parameter, so that the planner can match the
 /// partial index on pending requests.
+pub(crate) const COUNT: &str = "SELECT count(*) FROM requests WHERE status = $1";
+
 pub(crate) const NEXT_EXPIRY: &str =
     "SELECT min(expires_at) FROM requests WHERE status = 'pending'";
 

@@ -2,6 +2,7 @@
 // Live through Server-Sent Events; every state change is a POST carrying the CSRF token.
 
 import { createRooms } from "/assets/rooms.js";
+import { localTime, localTimes } from "/assets/time.js";
 
 const state = {
   me: null,
@@ -51,7 +52,8 @@ async function api(path, options = {}) {
   }
   const data = await response.json().catch(() => ({}));
   if (!response.ok) {
-    const error = new Error((data.error && data.error.message) || `HTTP ${response.status}`);
+    // The server writes times into its messages in UTC; people read them in theirs.
+    const error = new Error(localTimes((data.error && data.error.message) || `HTTP ${response.status}`));
     error.status = response.status;
     error.code = data.error && data.error.code;
     throw error;
@@ -62,9 +64,7 @@ async function api(path, options = {}) {
 // ---- time -------------------------------------------------------------------------
 
 function fmtTime(iso) {
-  if (!iso) return "";
-  const d = new Date(iso);
-  return d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+  return localTime(iso);
 }
 
 function remaining(iso) {

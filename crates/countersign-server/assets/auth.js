@@ -1,12 +1,15 @@
 // Sign-in, first-admin setup and invitations. Plain fetch with JSON; the server sets the
 // session cookie (HttpOnly, SameSite=Strict) and answers with where to go next.
 
+import { localTimes } from "/assets/time.js";
+
 const form = document.querySelector("form.auth");
 const message = document.getElementById("message");
 
 function show(text, kind = "error") {
   message.className = `notice ${kind}`;
-  message.textContent = text;
+  // The server's messages carry UTC times (an invitation's expiry); show the reader's.
+  message.textContent = localTimes(text);
 }
 
 const params = new URLSearchParams(location.search);

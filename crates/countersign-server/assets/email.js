@@ -3,13 +3,16 @@
 // the address bar, and sends it only in POST bodies: one that shows the request and
 // changes nothing, and, when the approver clicks Confirm, one that decides.
 
+import { localTime, localTimes } from "/assets/time.js";
+
 const $ = (id) => document.getElementById(id);
 
 function show(text, kind = "error") {
   const message = $("message");
   message.hidden = false;
   message.className = `notice ${kind}`;
-  message.textContent = text;
+  // The server's messages carry UTC times; show the reader's.
+  message.textContent = localTimes(text);
 }
 
 const token = new URLSearchParams(location.hash.slice(1)).get("t");
@@ -30,8 +33,7 @@ async function post(path, body) {
 }
 
 function when(iso) {
-  const d = new Date(iso);
-  return Number.isNaN(d.getTime()) ? iso : d.toLocaleString(undefined, { dateStyle: "medium", timeStyle: "short" });
+  return localTime(iso);
 }
 
 function row(key, value) {

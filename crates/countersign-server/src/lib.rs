@@ -19,6 +19,7 @@ pub mod keyring;
 pub mod links;
 pub mod log;
 pub mod mcp;
+pub mod metrics;
 pub mod notify;
 pub mod operate;
 pub mod rooms;

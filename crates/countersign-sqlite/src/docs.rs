@@ -57,6 +57,14 @@ pub(crate) fn list(
     )
 }
 
+pub(crate) fn count(conn: &Connection, kind: &str) -> Result<u64, StoreError> {
+    let n: i64 = conn
+        .prepare_cached("SELECT count(*) FROM documents WHERE kind = ?1")
+        .and_then(|mut stmt| stmt.query_row([kind], |r| r.get(0)))
+        .map_err(db_err("count documents"))?;
+    Ok(n.unsigned_abs())
+}
+
 pub(crate) fn list_recent(
     conn: &Connection,
     kind: &str,

@@ -33,7 +33,7 @@ use std::collections::BTreeMap;
 
 use countersign_core::merkle::{Hash, NodeId};
 use countersign_core::{
-    ApprovalRequest, PayloadOpening, SealedEvent, SealedTransition, Timestamp, TokenRecord,
+    ApprovalRequest, PayloadOpening, SealedEvent, SealedTransition, Status, Timestamp, TokenRecord,
 };
 use countersign_store::rows::{DocRow, EventRow, RequestRow, TokenRow, TransitionRow};
 use countersign_store::{
@@ -237,6 +237,12 @@ impl Store for SqliteStore {
 
     async fn next_expiry(&self) -> Result<Option<Timestamp>, StoreError> {
         self.readers.read_now(requests::next_expiry).await
+    }
+
+    async fn count_requests(&self, status: Status) -> Result<u64, StoreError> {
+        self.readers
+            .read_now(move |conn| requests::count(conn, status))
+            .await
     }
 
     async fn create_token(
@@ -488,6 +494,13 @@ impl Store for SqliteStore {
         let (kind, prefix) = (kind.to_string(), id_prefix.to_string());
         self.readers
             .run(move |conn| docs::list(conn, &kind, &prefix, limit))
+            .await
+    }
+
+    async fn doc_count(&self, kind: &str) -> Result<u64, StoreError> {
+        let kind = kind.to_string();
+        self.readers
+            .read_now(move |conn| docs::count(conn, &kind))
             .await
     }
 

@@ -212,6 +212,14 @@ pub(crate) fn due_for_expiry(
     )
 }
 
+pub(crate) fn count(conn: &Connection, status: Status) -> Result<u64, StoreError> {
+    let n: i64 = conn
+        .prepare_cached("SELECT count(*) FROM requests WHERE status = ?1")
+        .and_then(|mut stmt| stmt.query_row([status.as_str()], |r| r.get(0)))
+        .map_err(db_err("count requests"))?;
+    Ok(n.unsigned_abs())
+}
+
 pub(crate) fn next_expiry(conn: &Connection) -> Result<Option<Timestamp>, StoreError> {
     let millis: Option<i64> = conn
         .prepare_cached("SELECT min(expires_at) FROM requests WHERE status = ?1")

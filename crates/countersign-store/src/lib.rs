@@ -204,6 +204,10 @@ pub trait Store: Send + Sync + 'static {
     /// The earliest `expires_at` among pending requests.
     async fn next_expiry(&self) -> Result<Option<Timestamp>, StoreError>;
 
+    /// How many requests have `status` now (`/metrics` asks for the pending ones at
+    /// every scrape, so it is an index count, not a scan of the bodies).
+    async fn count_requests(&self, status: Status) -> Result<u64, StoreError>;
+
     /// Stores a new token with its creation event. Fails with
     /// [`StoreError::Duplicate`] if its id or hash exists, or a token (revoked or not)
     /// ever had its name, ignoring ASCII case.
@@ -387,6 +391,9 @@ pub trait Store: Send + Sync + 'static {
     /// [`StoreError::NotFound`] if there is no such document, [`StoreError::Duplicate`]
     /// if the new key belongs to another document.
     async fn doc_update(&self, doc: &Doc, event: Option<&SealedEvent>) -> Result<(), StoreError>;
+
+    /// How many documents of `kind` there are (the outbox's depth, for `/metrics`).
+    async fn doc_count(&self, kind: &str) -> Result<u64, StoreError>;
 
     /// Deletes the document of `kind` with exactly `id`; whether there was one.
     async fn doc_delete(&self, kind: &str, id: &str) -> Result<bool, StoreError>;

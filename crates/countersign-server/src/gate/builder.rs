@@ -152,6 +152,7 @@ impl GateBuilder {
             stopping,
             requester_locks: super::KeyedLocks::default(),
             policies: super::policy::Policies::default(),
+            metrics: crate::metrics::Metrics::new(),
         });
         match gate.anchor_existing_keys(&legacy).await {
             Ok(endorsed) if !endorsed.is_empty() => {

@@ -98,6 +98,8 @@ pub struct Gate {
     policies: policy::Policies,
     /// Bounds on heavy or long-held work (evidence verification, waits).
     admission: Admission,
+    /// What `/metrics` counts of this process's work.
+    metrics: crate::metrics::Metrics,
 }
 
 /// One async lock per key (a requester), forgotten once nobody holds or waits for it.
@@ -201,6 +203,10 @@ impl Gate {
 
     pub fn settings(&self) -> &Settings {
         &self.settings
+    }
+
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
     }
 
     pub fn limits(&self) -> &Limits {
@@ -320,6 +326,12 @@ impl Gate {
         match stored {
             Created::New(request) => {
                 self.feed.poke();
+                self.metrics.created();
+                // A rule's decision went in with the creation (one transaction); a
+                // grant's is counted where it was applied.
+                if !no_rule && request.status.is_final() {
+                    self.metrics.closed(&request);
+                }
                 if let Some(room) = &request.room {
                     // Shown in its room too, so the people there see what waits.
                     self.rooms.post_approval(who, room, &request).await?;
@@ -351,7 +363,10 @@ impl Gate {
             return Ok(request);
         };
         match self.store.apply(&decided.seal(new_salt()?)).await {
-            Ok(()) => Ok(decided.request),
+            Ok(()) => {
+                self.metrics.closed(&decided.request);
+                Ok(decided.request)
+            }
             // Someone decided it in the moment between (the use is spent): theirs stands.
             Err(StoreError::VersionConflict { current }) => Ok(*current),
             Err(err) => Err(err.into()),
@@ -429,6 +444,10 @@ impl Gate {
         match self.store.apply(&transition.seal(new_salt()?)).await {
             Ok(()) => {
                 self.feed.poke();
+                // Only ever a pending request's closing (a timeout, a rule's fallback).
+                if transition.request.status.is_final() {
+                    self.metrics.closed(&transition.request);
+                }
                 Ok(transition.request)
             }
             Err(StoreError::VersionConflict { current }) => Ok(*current),
@@ -480,8 +499,12 @@ impl Gate {
         let start = Instant::now();
         let deadline = start + timeout;
         let mut next_progress = start + PROGRESS_EVERY;
+        let mut woken = false;
         loop {
             if current.status.is_final() {
+                if woken {
+                    self.metrics.woke(&current, self.now());
+                }
                 return Ok(current);
             }
             let now = Instant::now();
@@ -492,7 +515,7 @@ impl Gate {
             let expiry = now + Duration::from_millis(u64::try_from(to_expiry).unwrap_or(0));
             let wake = deadline.min(expiry).min(next_progress);
             tokio::select! {
-                _ = watch.changed() => {}
+                _ = watch.changed() => woken = true,
                 _ = self.stopping.cancelled() => return Box::pin(self.get(who, id)).await,
                 _ = tokio::time::sleep_until(wake) => {
                     if Instant::now() >= next_progress {
@@ -620,6 +643,9 @@ impl Gate {
             match self.store.apply(&transition.seal(new_salt()?)).await {
                 Ok(()) => {
                     self.feed.poke();
+                    if !request.status.is_final() && transition.request.status.is_final() {
+                        self.metrics.closed(&transition.request);
+                    }
                     return Ok(transition.request);
                 }
                 Err(StoreError::VersionConflict { current }) => request = *current,

@@ -23,6 +23,7 @@ mod email_links;
 pub mod error;
 mod gateway;
 pub mod guard;
+pub mod metrics;
 mod operate;
 mod rest;
 mod rooms;
@@ -35,7 +36,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
-use axum::middleware::from_fn;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get, post};
 use check::{AsyncCheckLayer, CheckLayer};
@@ -190,7 +191,7 @@ pub fn with_channels(router: Router, config: &NotifyConfig) -> Result<Router, Ga
 }
 
 /// The whole HTTP surface: `/mcp`, `/api/v1`, the dashboard, Slack and email links,
-/// `/healthz`, `/.well-known/jwks.json`.
+/// `/healthz`, `/.well-known/jwks.json`, `/metrics` (an admin's token).
 pub fn router(gate: Arc<Gate>, config: &HttpConfig, shutdown: CancellationToken) -> Router {
     router_with_gateways(gate, config, shutdown, Vec::new())
 }
@@ -282,6 +283,10 @@ pub fn router_with(
         .nest("/api/v1", token_routes().merge(both_surfaces()))
         .nest_service("/mcp", mcp)
         .merge(scoped(Scope::Request, served))
+        .merge(scoped(
+            Scope::Admin,
+            Router::new().route("/metrics", get(metrics::scrape)),
+        ))
         .merge(profiles)
         .layer(AsyncCheckLayer(auth::RequireToken(state.clone())));
     let session_surface = Router::new()
@@ -296,9 +301,11 @@ pub fn router_with(
         .route("/.well-known/jwks.json", get(rest::jwks))
         .merge(token_surface)
         .merge(dashboard)
+        .route_layer(from_fn(metrics::mark_route))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(config.max_body_bytes))
         .layer(CheckLayer(guard::HostAndOrigin(state.hosts.clone())))
+        .layer(from_fn_with_state(gate, metrics::count))
         .with_state(state)
 }
 

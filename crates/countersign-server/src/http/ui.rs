@@ -42,6 +42,7 @@ const AUTH_JS: &str = include_str!("../../assets/auth.js");
 const APP_CSS: &str = include_str!("../../assets/app.css");
 const ICON: &str = include_str!("../../assets/icon.svg");
 const EMAIL_JS: &str = include_str!("../../assets/email.js");
+const TIME_JS: &str = include_str!("../../assets/time.js");
 
 // ---- pages and assets ---------------------------------------------------------------
 
@@ -88,6 +89,7 @@ pub(super) async fn asset(Path(file): Path<String>) -> Response {
         "rooms.js" => (ROOMS_JS, "text/javascript; charset=utf-8"),
         "auth.js" => (AUTH_JS, "text/javascript; charset=utf-8"),
         "email.js" => (EMAIL_JS, "text/javascript; charset=utf-8"),
+        "time.js" => (TIME_JS, "text/javascript; charset=utf-8"),
         "app.css" => (APP_CSS, "text/css; charset=utf-8"),
         "icon.svg" => (ICON, "image/svg+xml"),
         _ => return StatusCode::NOT_FOUND.into_response(),

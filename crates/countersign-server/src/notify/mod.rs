@@ -364,6 +364,15 @@ impl Delivery {
 }
 
 impl DeliveryChannel {
+    /// The transport, as `/metrics` names it (one of `metrics::DELIVERY_CHANNELS`).
+    pub fn transport(&self) -> &'static str {
+        match self {
+            DeliveryChannel::Webhook { .. } => "webhook",
+            DeliveryChannel::Slack { .. } | DeliveryChannel::SlackUpdate { .. } => "slack",
+            DeliveryChannel::Email { .. } => "email",
+        }
+    }
+
     pub fn label(&self) -> String {
         match self {
             DeliveryChannel::Webhook { name, .. } => format!("webhook {name}"),

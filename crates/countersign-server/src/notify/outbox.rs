@@ -18,6 +18,7 @@ use super::{
 };
 use crate::error::GateError;
 use crate::gate::Gate;
+use crate::metrics::{DeliveryOutcome, Metrics};
 
 /// The longest one send may take.
 const SEND_TIMEOUT_SECONDS: u64 = 10;
@@ -79,6 +80,10 @@ impl Notifier {
 
     fn store(&self) -> &dyn Store {
         &**self.out.gate.store()
+    }
+
+    fn metrics(&self) -> &Metrics {
+        self.out.gate.metrics()
     }
 
     fn pending(&self) -> Docs<'_, PendingDocs> {
@@ -305,11 +310,14 @@ impl Notifier {
                     .and_then(|r| r.get("skipped"))
                     .and_then(|s| s.as_str())
                     .map(str::to_string);
-                delivery.status = if skipped.is_some() {
-                    DeliveryStatus::Skipped
+                let (status, outcome) = if skipped.is_some() {
+                    (DeliveryStatus::Skipped, DeliveryOutcome::Skipped)
                 } else {
-                    DeliveryStatus::Sent
+                    (DeliveryStatus::Sent, DeliveryOutcome::Sent)
                 };
+                delivery.status = status;
+                self.metrics()
+                    .delivered(delivery.channel.transport(), outcome);
                 delivery.receipt = receipt;
                 delivery.last_error = skipped;
                 delivery.finished_at = Some(now);
@@ -317,6 +325,8 @@ impl Notifier {
             }
             Err(error) => {
                 tracing::warn!(delivery = %delivery.id, attempt = delivery.attempts, %error, "delivery failed");
+                let transport = delivery.channel.transport();
+                self.metrics().delivery_failed(transport);
                 let given_up = error.starts_with(PERMANENT);
                 delivery.last_error = Some(match error.strip_prefix(PERMANENT) {
                     Some(rest) => format!("{rest} (not retried)"),
@@ -325,6 +335,7 @@ impl Notifier {
                 if given_up || delivery.attempts >= self.out.config.max_attempts {
                     delivery.status = DeliveryStatus::Failed;
                     delivery.finished_at = Some(now);
+                    self.metrics().delivered(transport, DeliveryOutcome::Failed);
                     self.retire(&delivery).await?;
                     // A Slack message that cannot be delivered falls back to email.
                     for fallback in

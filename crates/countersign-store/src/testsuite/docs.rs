@@ -256,6 +256,10 @@ pub async fn doc_delete_and_delete_prefix(store: Arc<dyn Store>) {
         "never all"
     );
     assert_eq!(store.doc_list("session", "", 100).await.unwrap().len(), 7);
+    // Counted by kind alone (the outbox's depth in /metrics).
+    assert_eq!(store.doc_count("session").await.unwrap(), 7);
+    assert_eq!(store.doc_count("account").await.unwrap(), 1);
+    assert_eq!(store.doc_count("room").await.unwrap(), 0);
     assert_eq!(store.doc_delete_prefix("session", "zzz").await.unwrap(), 0);
     assert_eq!(store.doc_delete_prefix("room", "u1/").await.unwrap(), 0);
     assert_eq!(store.doc_delete_prefix("session", "u1/").await.unwrap(), 2);
@@ -270,6 +274,7 @@ pub async fn doc_delete_and_delete_prefix(store: Arc<dyn Store>) {
     );
     assert_eq!(store.doc_delete_prefix("session", "u1").await.unwrap(), 2);
     assert_eq!(listed(&store, "session", "", 100).await, ["ab", "u2/a"]);
+    assert_eq!(store.doc_count("session").await.unwrap(), 2);
     assert_eq!(
         store.doc_get("account", "u1/a").await.unwrap(),
         Some(other_kind)

@@ -530,6 +530,7 @@ pub async fn first_decision_wins(store: Arc<dyn Store>) {
 pub async fn expiry_queries(store: Arc<dyn Store>) {
     assert_eq!(store.next_expiry().await.unwrap(), None);
     assert!(store.due_for_expiry(at(1000), 10).await.unwrap().is_empty());
+    assert_eq!(store.count_requests(Status::Pending).await.unwrap(), 0);
 
     let bot = agent("deploy-bot");
     // Expiring at +30, +15, +60, +5 (then decided), +15 (ties with req_e2 by time).
@@ -545,6 +546,10 @@ pub async fn expiry_queries(store: Arc<dyn Store>) {
     let decided = decide(&e4.request, Verdict::Approved, &approver("alice"), 1, "n");
     store.apply(&sealed(&decided)).await.unwrap();
     assert_eq!(store.next_expiry().await.unwrap(), Some(at(15)));
+    // The counts /metrics reads: by status, decided ones no longer pending.
+    assert_eq!(store.count_requests(Status::Pending).await.unwrap(), 4);
+    assert_eq!(store.count_requests(Status::Approved).await.unwrap(), 1);
+    assert_eq!(store.count_requests(Status::TimedOut).await.unwrap(), 0);
 
     let due = |now: i64, limit: usize| {
         let store = store.clone();

@@ -167,6 +167,24 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         );
     }
 
+    if let Some(metrics) = config.server.metrics_listen {
+        let listener = listen(metrics)
+            .with_context(|| format!("could not listen on {metrics} ([server] metrics_listen)"))?;
+        super::announce(
+            "INFO",
+            &format!(
+                "metrics at http://{}/metrics without a credential ([server] metrics_listen: keep it on a private network)",
+                listener.local_addr()?
+            ),
+        );
+        tokio::spawn(countersign_server::serve_with(
+            listener,
+            countersign_server::http::metrics::metrics_only(gate.clone()),
+            shutdown.clone(),
+            http.connection_limits(),
+        ));
+    }
+
     let signal = shutdown.clone();
     let stopping = gate.clone();
     tokio::spawn(async move {

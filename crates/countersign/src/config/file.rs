@@ -102,6 +102,8 @@ pub struct ServerSection {
     pub trusted_proxies: Option<Vec<String>>,
     pub max_waits_per_token: Option<usize>,
     pub max_sessions_per_account: Option<usize>,
+    /// A second address serving only `/metrics`, without a credential.
+    pub metrics_listen: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

@@ -104,6 +104,9 @@ pub struct ServerLimits {
     pub trusted_proxies: countersign_server::http::client::TrustedProxies,
     pub max_waits_per_token: usize,
     pub max_sessions_per_account: usize,
+    /// Where `/metrics` is also served, with no credential (a private network's
+    /// scraper); off by default.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 /// Settings given on the command line (each overrides everything else).
@@ -378,7 +381,19 @@ fn server_limits(env: &Env, section: ServerSection) -> anyhow::Result<ServerLimi
         .unwrap_or_default();
     let trusted_proxies = countersign_server::http::client::TrustedProxies::parse(&proxies)
         .map_err(|e| anyhow::anyhow!("[server] {e}"))?;
+    let metrics_listen = env
+        .get("COUNTERSIGN_METRICS_LISTEN")
+        .or(section.metrics_listen)
+        .map(|text| {
+            text.parse::<SocketAddr>().map_err(|_| {
+                anyhow::anyhow!(
+                    "[server] metrics_listen {text:?} is not an IP:port such as 127.0.0.1:9464"
+                )
+            })
+        })
+        .transpose()?;
     let limits = ServerLimits {
+        metrics_listen,
         header_timeout: seconds(section.header_timeout_seconds, http.header_timeout),
         body_timeout: seconds(section.body_timeout_seconds, http.body_timeout),
         max_connections: section.max_connections.unwrap_or(http.max_connections),
@@ -707,6 +722,18 @@ mod tests {
         );
         assert_eq!(c.server.max_waits_per_token, 7);
         assert_eq!(c.server.max_sessions_per_account, 3);
+        assert_eq!(c.server.metrics_listen, None, "off unless given");
+        let c = file
+            .resolve("[server]\nmetrics_listen = \"127.0.0.1:9464\"\n")
+            .unwrap();
+        assert_eq!(
+            c.server.metrics_listen.map(|a| a.to_string()).as_deref(),
+            Some("127.0.0.1:9464")
+        );
+        let err = file
+            .resolve("[server]\nmetrics_listen = \"localhost\"\n")
+            .unwrap_err();
+        assert!(format!("{err:#}").contains("metrics_listen"), "{err:#}");
 
         // The variable wins over the file.
         std::fs::write(&file.path, "[server]\ntrusted_proxies = [\"10.0.0.1\"]\n").unwrap();

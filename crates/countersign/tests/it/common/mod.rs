@@ -6,7 +6,7 @@
 pub mod postgres;
 mod tools;
 
-pub use tools::{PYTHON_SETUP, in_ci, python, repo_root};
+pub use tools::{PYTHON_SETUP, in_ci, python, python_with, repo_root, skip};
 
 use std::io::{BufRead, BufReader};
 use std::net::SocketAddr;

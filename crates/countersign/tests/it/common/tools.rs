@@ -33,3 +33,31 @@ pub fn python() -> (PathBuf, &'static str) {
 
 /// How to make the venv `python` looks for.
 pub const PYTHON_SETUP: &str = "python3 -m venv target/pyvenv && target/pyvenv/bin/pip install -r tests/python/requirements.txt";
+
+/// A test that cannot run here passes after saying why; under `CI=true` it fails.
+pub fn skip(why: &str) {
+    if in_ci() {
+        panic!("CI=true and {why}");
+    }
+    eprintln!("SKIPPED: this test passes without running: {why} (with CI=true this is a failure)");
+}
+
+/// The suites' Python if it can import every one of `modules`; otherwise why not.
+pub fn python_with(modules: &[&str]) -> Result<PathBuf, String> {
+    let (python, source) = python();
+    let imports = format!("import {}", modules.join(", "));
+    let ok = std::process::Command::new(&python)
+        .args(["-c", &imports])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    if ok {
+        Ok(python)
+    } else {
+        Err(format!(
+            "{} (from {source}) cannot `{imports}`; install them: {PYTHON_SETUP}",
+            python.display()
+        ))
+    }
+}
