@@ -63,7 +63,8 @@ use countersign_store::rows::{
     EventRow, RequestRow, TokenRow, TransitionRow, decode_integrated_size, to_sql_int,
 };
 use countersign_store::{
-    ChangeCallback, Created, Doc, RequestQuery, Store, StoreError, StoredCheckpoint, StoredEvent,
+    ChangeCallback, Created, Doc, RequestQuery, SignedIntegration, Store, StoreError,
+    StoredCheckpoint, StoredEvent,
 };
 use tokio_postgres::types::ToSql;
 
@@ -461,14 +462,14 @@ impl Store for PostgresStore {
         log::integrate(&mut client, from, to, nodes, None).await
     }
 
-    async fn integrate_signed(
-        &self,
-        from: u64,
-        to: u64,
-        nodes: &[(NodeId, Hash)],
-        checkpoint: &StoredCheckpoint,
-    ) -> Result<bool> {
+    async fn integrate_signed(&self, signed: SignedIntegration<'_>) -> Result<bool> {
         let mut client = self.pool.client("integrate log entries").await?;
+        let SignedIntegration {
+            from,
+            to,
+            nodes,
+            checkpoint,
+        } = signed;
         log::integrate(&mut client, from, to, nodes, Some(checkpoint)).await
     }
 

@@ -113,7 +113,12 @@ impl TransparencyLog {
             // The checkpoint goes in with the nodes: one commit per integration.
             let checkpoint = self.signed(to, range.root());
             self.store
-                .integrate_signed(from, to, &created, &checkpoint)
+                .integrate_signed(countersign_store::SignedIntegration {
+                    from,
+                    to,
+                    nodes: &created,
+                    checkpoint: &checkpoint,
+                })
                 .await?;
         }
         // A checkpoint for the integrated size, even if the process that integrated it

@@ -37,7 +37,7 @@ use countersign_core::{
 };
 use countersign_store::rows::{DocRow, EventRow, RequestRow, TokenRow, TransitionRow};
 use countersign_store::{
-    Created, Doc, RequestQuery, Store, StoreError, StoredCheckpoint, StoredEvent,
+    Created, Doc, RequestQuery, SignedIntegration, Store, StoreError, StoredCheckpoint, StoredEvent,
 };
 
 use crate::error::db_err;
@@ -426,15 +426,10 @@ impl Store for SqliteStore {
             .await
     }
 
-    async fn integrate_signed(
-        &self,
-        from: u64,
-        to: u64,
-        nodes: &[(NodeId, Hash)],
-        checkpoint: &StoredCheckpoint,
-    ) -> Result<bool, StoreError> {
-        let nodes = nodes.to_vec();
-        let checkpoint = checkpoint.clone();
+    async fn integrate_signed(&self, signed: SignedIntegration<'_>) -> Result<bool, StoreError> {
+        let (from, to) = (signed.from, signed.to);
+        let nodes = signed.nodes.to_vec();
+        let checkpoint = signed.checkpoint.clone();
         // One job, so one commit: the nodes, the size and the checkpoint, or nothing.
         self.writer
             .submit(move |conn| {

@@ -127,6 +127,16 @@ pub struct RawPayload {
     pub payload: String,
 }
 
+/// An integration of entries `[from, to)` with the checkpoint signed over the tree it
+/// makes: [`Store::integrate_signed`].
+#[derive(Debug, Clone, Copy)]
+pub struct SignedIntegration<'a> {
+    pub from: u64,
+    pub to: u64,
+    pub nodes: &'a [(NodeId, Hash)],
+    pub checkpoint: &'a StoredCheckpoint,
+}
+
 /// A signed checkpoint as stored.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StoredCheckpoint {
@@ -334,17 +344,11 @@ pub trait Store: Send + Sync + 'static {
     /// entries) with it: both or, when another process integrated first, neither. The
     /// SQLite and PostgreSQL stores write them in one transaction, so an integration
     /// costs one commit; this default writes them one after the other.
-    async fn integrate_signed(
-        &self,
-        from: u64,
-        to: u64,
-        nodes: &[(NodeId, Hash)],
-        checkpoint: &StoredCheckpoint,
-    ) -> Result<bool, StoreError> {
-        if !self.integrate(from, to, nodes).await? {
+    async fn integrate_signed(&self, signed: SignedIntegration<'_>) -> Result<bool, StoreError> {
+        if !self.integrate(signed.from, signed.to, signed.nodes).await? {
             return Ok(false);
         }
-        self.add_checkpoint(checkpoint).await?;
+        self.add_checkpoint(signed.checkpoint).await?;
         Ok(true)
     }
 

@@ -185,26 +185,50 @@ pub async fn integration_with_its_checkpoint_is_one_write(store: Arc<dyn Store>)
         created_at: at(40),
     };
     let six = signed(n, "cm9vdC02");
-    assert!(store.integrate_signed(0, n, &nodes, &six).await.unwrap());
+    assert!(
+        store
+            .integrate_signed(signed_at(0, n, &nodes, &six))
+            .await
+            .unwrap()
+    );
     assert_eq!(store.integrated_size().await.unwrap(), n);
     assert_eq!(store.checkpoint(None).await.unwrap(), Some(six.clone()));
     assert_tree(&*store, n, &range.root()).await;
 
     // A stale integrator loses and its checkpoint is not stored.
     let stale = signed(n, "c3RhbGU=");
-    assert!(!store.integrate_signed(0, n, &nodes, &stale).await.unwrap());
+    assert!(
+        !store
+            .integrate_signed(signed_at(0, n, &nodes, &stale))
+            .await
+            .unwrap()
+    );
     assert_eq!(store.checkpoint(Some(n)).await.unwrap(), Some(six.clone()));
 
     // Beyond the stored events: refused, and no checkpoint of that size appears.
     let beyond = signed(n + 4, "YmV5b25k");
     assert!(
         store
-            .integrate_signed(n, n + 4, &[], &beyond)
+            .integrate_signed(signed_at(n, n + 4, &[], &beyond))
             .await
             .is_err()
     );
     assert_eq!(store.checkpoint(Some(n + 4)).await.unwrap(), None);
     assert_eq!(store.checkpoint(None).await.unwrap(), Some(six));
+}
+
+fn signed_at<'a>(
+    from: u64,
+    to: u64,
+    nodes: &'a [(NodeId, Hash)],
+    checkpoint: &'a StoredCheckpoint,
+) -> crate::SignedIntegration<'a> {
+    crate::SignedIntegration {
+        from,
+        to,
+        nodes,
+        checkpoint,
+    }
 }
 
 /// One checkpoint per size, the first kept; the largest is the latest.
