@@ -1727,7 +1727,9 @@ test("outcomes: an action whose outcome is unknown is marked in the list and exp
   const [measured] = await contrasts(page, [".card .outcome-mark.unknown"]);
   assert.ok(measured.ratio >= 4.5, `the mark is readable: ${measured.ratio}`);
   await page.locator(`.card[data-id="${ok}"]`).click();
-  await page.locator("#detail-body .outcome-section").waitFor();
+  // The detail pane still shows the unknown one until the click's fetch lands: wait for
+  // the known one's own text, not for a section both have.
+  await page.locator("#detail-body .outcome-section", { hasText: "wrote notes.md" }).waitFor();
   assert.equal(await page.locator("#detail-body .notice.warn").count(), 0);
   assert.match(await page.locator("#detail-body .outcome-section").textContent(), /OutcomeSucceeded/);
   await context.close();
