@@ -13,6 +13,7 @@ use crate::principal::Principal;
 use crate::time::Timestamp;
 
 mod history;
+pub mod mentions;
 mod room;
 
 pub use history::{

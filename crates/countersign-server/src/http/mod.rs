@@ -49,6 +49,7 @@ use crate::bridge::BridgeConfig;
 use crate::error::GateError;
 use crate::gate::Gate;
 use crate::mcp::approval_gate::{self, ApprovalGateService};
+use crate::mcp::chatroom;
 use crate::mcp::gateway::GatewayService;
 use crate::mcp::{Identity, McpService};
 use crate::notify::NotifyConfig;
@@ -275,8 +276,15 @@ pub fn router_with(
         Arc::new(NeverSessionManager::default()),
         mcp_config.clone(),
     );
+    let chatroom_service = McpService::chatroom(gate.clone(), Identity::PerRequest);
+    let chatroom = StreamableHttpService::new(
+        move || Ok(chatroom_service.clone()),
+        Arc::new(NeverSessionManager::default()),
+        mcp_config.clone(),
+    );
     let profiles = Router::new()
         .nest_service(&format!("/mcp/profile/{}", approval_gate::PROFILE), profile)
+        .nest_service(&format!("/mcp/profile/{}", chatroom::PROFILE), chatroom)
         .route("/mcp/profile/{name}", any(no_profile))
         .route("/mcp/profile/{name}/{*rest}", any(no_profile));
     let token_surface = Router::new()
@@ -465,9 +473,10 @@ async fn no_profile(uri: http::Uri) -> Response {
         http::StatusCode::NOT_FOUND,
         "not_found",
         format!(
-            "no MCP profile at {}: the profiles are /mcp/profile/{}",
+            "no MCP profile at {}: the profiles are /mcp/profile/{} and /mcp/profile/{}",
             uri.path(),
-            approval_gate::PROFILE
+            approval_gate::PROFILE,
+            chatroom::PROFILE
         ),
     )
 }

@@ -12,6 +12,7 @@
 
 mod agent;
 pub mod approval_gate;
+pub mod chatroom;
 pub use operate::TOOL_NAMES as APPROVAL_GATE_TOOLS;
 mod evidence;
 pub mod gateway;
@@ -78,6 +79,7 @@ pub struct McpService {
     identity: Identity,
     operator_tools_enabled: bool,
     groups: Arc<Vec<Group>>,
+    instructions: &'static str,
 }
 
 /// A tool's failure, shown to the model as `code: message` (internal details stay in
@@ -162,6 +164,31 @@ impl McpService {
             identity,
             operator_tools_enabled,
             groups: Arc::new(groups),
+            instructions: INSTRUCTIONS,
+        }
+    }
+
+    /// The chatroom profile ([`chatroom`]): the agent tools with the seed's blocking
+    /// `request_approval` in place of countersign's, and the room tools. No operator,
+    /// evidence or room-admin tools: those are countersign's, at `/mcp`.
+    pub fn chatroom(gate: Arc<Gate>, identity: Identity) -> Self {
+        let mut agent = Self::agent_router();
+        agent.remove_route("request_approval");
+        let group = |router, need| Group { router, need };
+        let groups = vec![
+            group(
+                agent + Self::chatroom_router() + Self::outcome_router(),
+                Need::Scope(Scope::Request),
+            ),
+            group(Self::verify_router(), Need::Scope(Scope::Verify)),
+            group(Self::rooms_router(), Need::Scope(Scope::Rooms)),
+        ];
+        Self {
+            gate,
+            identity,
+            operator_tools_enabled: false,
+            groups: Arc::new(groups),
+            instructions: chatroom::INSTRUCTIONS,
         }
     }
 
@@ -219,7 +246,7 @@ impl ServerHandler for McpService {
                 "countersign",
                 env!("CARGO_PKG_VERSION"),
             ))
-            .with_instructions(INSTRUCTIONS)
+            .with_instructions(self.instructions)
     }
 
     async fn list_tools(

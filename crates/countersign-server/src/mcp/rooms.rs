@@ -46,6 +46,11 @@ pub struct WaitMessageInput {
     /// Seconds to wait (default 30, max 300).
     #[serde(default)]
     pub timeout_seconds: Option<u64>,
+    /// Wake only for messages of others that mention you (`@your-name`: your token's
+    /// name, or your username); the others are read past (`next_since` moves beyond
+    /// them).
+    #[serde(default)]
+    pub mentions_only: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, JsonSchema)]
@@ -169,7 +174,7 @@ pub struct KickInput {
 
 fn messages_output(messages: Vec<MessageView>, since: u64, timed_out: bool) -> MessagesOutput {
     MessagesOutput {
-        next_since: next_since(&messages, since),
+        next_since: next_since(&messages, since).max(since),
         messages,
         timed_out,
     }
@@ -230,7 +235,7 @@ impl McpService {
     }
 
     #[tool(
-        description = "Wait until a new message arrives in a room (after since), or until timeout_seconds pass (default 30, max 300). Returns the moment a message is posted.",
+        description = "Wait until a new message arrives in a room (after since), or until timeout_seconds pass (default 30, max 300). Returns the moment a message is posted. With mentions_only, only a message that mentions you (@your-name) ends the wait.",
         annotations(read_only_hint = true, open_world_hint = false)
     )]
     async fn wait_for_message(
@@ -242,13 +247,13 @@ impl McpService {
         let _open = self.gate.hold_wait(&who)?;
         let timeout = wait_time(input.timeout_seconds, 30)?;
         let since = input.since.unwrap_or(0);
-        let messages = self
+        let (messages, read) = self
             .gate
             .rooms()
-            .wait_for_message(&who, &input.room, since, timeout)
+            .wait_for_message(&who, &input.room, since, timeout, input.mentions_only)
             .await?;
         let timed_out = messages.is_empty();
-        Ok(Json(messages_output(messages, since, timed_out)))
+        Ok(Json(messages_output(messages, read, timed_out)))
     }
 
     #[tool(

@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use countersign_core::rooms::mentions;
 use countersign_core::rooms::{
     self, Attention, MessageType, MessageView, Presence, Room, message_event, room_event,
 };
@@ -253,32 +254,54 @@ impl Rooms {
     /// Waits for a message after `since` (by anyone), up to `timeout`; returns the new
     /// messages (empty when the time ran out), as `who` may read them. Woken by the
     /// message itself; each wake reads only what came after what it read before.
+    /// With `mentions_only`, only messages of others that mention `who` (`@name`, the
+    /// grammar of [`countersign_core::rooms::mentions`]) end the wait; the others are
+    /// read past. Returns the messages and how far the room was read (the `since` for
+    /// the next call).
     pub async fn wait_for_message(
         &self,
         who: &Principal,
         room: &str,
         since: u64,
         timeout: Duration,
-    ) -> Result<Vec<MessageView>, GateError> {
+        mentions_only: bool,
+    ) -> Result<(Vec<MessageView>, u64), GateError> {
         let room = rooms::room_name(room)?;
         self.admitted(who, &room).await?;
         let mut watch = self.feed.watch(&rooms::subject(&room));
         let deadline = Instant::now() + timeout;
+        let name = mentions::mention_name(who);
         let mut cursor = since;
         loop {
-            let (page, read_to, _) = self.page_after(&room, cursor, 100).await?;
+            let (page, read_to, more) = self.page_after(&room, cursor, 100).await?;
             cursor = read_to;
-            let new: Vec<MessageView> = page
+            let visible: Vec<MessageView> = page
                 .into_iter()
                 .filter(|m| !rooms::is_chatter(&m.kind))
                 .collect();
+            // Matched on the text as `who` is shown it: a redacted text mentions nobody.
+            let new: Vec<MessageView> = shown_to(who, visible)
+                .into_iter()
+                .filter(|m| {
+                    !mentions_only
+                        || (m.author_id.as_deref() != Some(who.id.as_str())
+                            && m.text
+                                .as_deref()
+                                .is_some_and(|t| mentions::mentions_name(t, name)))
+                })
+                .collect();
+            // Without mentions_only, `since` moves only past messages returned, as before.
+            let read = if mentions_only { cursor } else { since };
             if !new.is_empty() {
-                return Ok(shown_to(who, new));
+                return Ok((new, read));
+            }
+            if more {
+                continue;
             }
             tokio::select! {
                 _ = watch.changed() => {}
-                _ = tokio::time::sleep_until(deadline) => return Ok(Vec::new()),
-                _ = self.stopping.cancelled() => return Ok(Vec::new()),
+                _ = tokio::time::sleep_until(deadline) => return Ok((Vec::new(), read)),
+                _ = self.stopping.cancelled() => return Ok((Vec::new(), read)),
             }
         }
     }

@@ -184,6 +184,75 @@ async fn wait_for_message_is_woken_by_the_message() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wait_for_message_with_mentions_only_wakes_for_a_mention_of_the_caller() {
+    let server = start().await;
+    let agent = server.mcp(&server.agent).await;
+    let other = server.mcp(&server.agent2).await;
+    ok(&agent.call("join_room", json!({"room": "review"})).await);
+    ok(&other.call("join_room", json!({"room": "review"})).await);
+    let since = ok(&other.call("read_messages", json!({"room": "review"})).await)["next_since"]
+        .as_u64()
+        .unwrap();
+    let waiter = {
+        let client = server.mcp(&server.agent2).await;
+        tokio::spawn(async move {
+            client
+                .call(
+                    "wait_for_message",
+                    json!({"room": "review", "since": since, "timeout_seconds": 60, "mentions_only": true}),
+                )
+                .await
+        })
+    };
+    // None of these is a mention of other-bot: another name, an address, its own post.
+    for (client, text) in [
+        (&agent, "no mention here"),
+        (
+            &agent,
+            "@other-bot2 is someone else; mail other-bot@example.com",
+        ),
+        (&other, "I am @other-bot and I mention myself"),
+    ] {
+        ok(&client
+            .call("post_message", json!({"room": "review", "text": text}))
+            .await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        !waiter.is_finished(),
+        "woken by a message that does not mention it"
+    );
+    let mention = ok(&agent
+        .call(
+            "post_message",
+            json!({"room": "review", "text": "@Other-Bot, please review the diff."}),
+        )
+        .await);
+    let got = ok(&waiter.await.unwrap());
+    assert_eq!(got["timed_out"], false);
+    let messages = got["messages"].as_array().unwrap();
+    assert_eq!(messages.len(), 1, "only the mention: {messages:?}");
+    assert_eq!(messages[0]["id"], mention["id"]);
+    assert_eq!(got["next_since"], mention["seq"]);
+    // Reading on from next_since: nothing is left to wake it.
+    let quiet = ok(&other
+        .call(
+            "wait_for_message",
+            json!({"room": "review", "since": got["next_since"], "timeout_seconds": 1, "mentions_only": true}),
+        )
+        .await);
+    assert_eq!(quiet["timed_out"], true);
+    // Without mentions_only, the same wait from the start returns the first message.
+    let all = ok(&other
+        .call(
+            "wait_for_message",
+            json!({"room": "review", "since": since, "timeout_seconds": 1}),
+        )
+        .await);
+    assert_eq!(all["messages"][0]["text"], "no mention here");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn feedback_is_a_soft_gate_that_times_out_or_returns_the_answer() {
     let server = start().await;
     let agent = server.mcp(&server.agent).await;

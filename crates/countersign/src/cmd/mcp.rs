@@ -24,8 +24,9 @@ pub struct McpArgs {
     pub agent_name: Option<String>,
     /// Serve another system's tools instead of countersign's own: `approval-gate`, the
     /// operator's tools of approval-gate-mcp over the configured bridges
-    /// (docs/bridge.md). They need an approver's token: --token-file FILE, with or
-    /// without --server.
+    /// (docs/bridge.md; they need an approver's token: --token-file FILE, with or
+    /// without --server); `chatroom`, the agent chatroom's tools, with a blocking
+    /// request_approval (docs/rooms.md).
     #[arg(long, value_enum, value_name = "PROFILE")]
     pub profile: Option<Profile>,
 }
@@ -33,6 +34,7 @@ pub struct McpArgs {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum Profile {
     ApprovalGate,
+    Chatroom,
 }
 
 /// Serves the agent tools over stdin/stdout as the local agent. Operator tools are never
@@ -43,9 +45,15 @@ pub async fn run(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCode> {
     if args.profile == Some(Profile::ApprovalGate) {
         return approval_gate(config, args).await;
     }
+    let chatroom = args.profile == Some(Profile::Chatroom);
     if let Some(remote) = Remote::from_args(&args.remote, args.agent_name.as_deref())? {
         tracing::info!(server = %remote.describe(), "relaying MCP over stdio");
-        crate::remote::relay(remote, "mcp").await?;
+        let path = if chatroom {
+            format!("mcp/profile/{}", countersign_server::mcp::chatroom::PROFILE)
+        } else {
+            "mcp".to_string()
+        };
+        crate::remote::relay(remote, &path).await?;
         return Ok(ExitCode::SUCCESS);
     }
     let (gate, principal, shutdown) =
@@ -55,7 +63,11 @@ pub async fn run(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCode> {
         config.clone(),
         gate.keys().signer().kid().to_string(),
     ));
-    let service = McpService::new(gate, Identity::Fixed(principal), false);
+    let service = if chatroom {
+        McpService::chatroom(gate, Identity::Fixed(principal))
+    } else {
+        McpService::new(gate, Identity::Fixed(principal), false)
+    };
     let running = service
         .serve(rmcp::transport::stdio())
         .await

@@ -12,6 +12,7 @@ pub mod grant;
 pub mod healthcheck;
 pub mod hook;
 pub mod keys;
+pub mod lan;
 pub mod log;
 pub mod mcp;
 pub mod migrate;

@@ -37,6 +37,39 @@ const SETUP_SECONDS: u64 = 30 * 60;
 /// retries for seconds.
 const BACKLOG: u32 = 8192;
 
+/// Where a phone or another machine reaches a `serve` that listens beyond loopback, and
+/// what keeps it from working when something does.
+fn announce_reach(config: &Config, addr: std::net::SocketAddr, reach: &super::lan::Reach) {
+    if addr.ip().is_loopback() {
+        return;
+    }
+    if reach.urls.is_empty() {
+        super::announce(
+            "WARN",
+            &format!(
+                "listening on {addr}, but no network address of this machine was found to print; clients reach it only by the names in allowed_hosts"
+            ),
+        );
+        return;
+    }
+    super::announce(
+        "INFO",
+        &format!(
+            "reach it from a phone or another machine on the same network at {} (allowed hosts; to use a host name instead, add it to allowed_hosts). Anyone on that network can reach the sign-in page: use a network you trust, or a reverse proxy with TLS (docs/deployment.md)",
+            reach.urls.join(" ")
+        ),
+    );
+    if config.public_url.starts_with("https://") {
+        super::announce(
+            "WARN",
+            &format!(
+                "public_url is {}: the session cookie is then Secure, so signing in over the plain-http addresses above keeps no session; use {} from the phone",
+                config.public_url, config.public_url
+            ),
+        );
+    }
+}
+
 fn listen(addr: std::net::SocketAddr) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
@@ -65,16 +98,28 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
         )
     })?;
     let addr = listener.local_addr()?;
-    // The default public URL follows the address actually bound (port 0 picks one).
+    // Listening beyond loopback: the addresses a phone on the same network uses.
+    let reach = super::lan::reach(addr);
+    // The default public URL follows the address actually bound (port 0 picks one; for
+    // 0.0.0.0, the first address others reach it at).
     let mut config = config.clone();
     if config.public_url == format!("http://{}", config.listen) {
-        config.public_url = format!("http://{addr}");
+        config.public_url = match (addr.ip().is_unspecified(), reach.urls.first()) {
+            (true, Some(url)) => url.trim_end_matches('/').to_string(),
+            _ => format!("http://{addr}"),
+        };
         config.notify.public_url = config.public_url.clone();
     }
     let config = &config;
     let shutdown = CancellationToken::new();
+    let mut allowed_hosts = config.allowed_hosts.clone();
+    for host in &reach.hosts {
+        if !allowed_hosts.iter().any(|h| h.eq_ignore_ascii_case(host)) {
+            allowed_hosts.push(host.clone());
+        }
+    }
     let http = HttpConfig {
-        allowed_hosts: config.allowed_hosts.clone(),
+        allowed_hosts,
         operator_tools: config.operator_tools,
         max_body_bytes: config.max_body_bytes,
         public_url: config.public_url.clone(),
@@ -133,15 +178,7 @@ pub async fn run(config: &Config) -> anyhow::Result<ExitCode> {
             gate.keys().signer().kid()
         ),
     );
-    if !addr.ip().is_loopback() && countersign_server::hosts::only_loopback(&config.allowed_hosts) {
-        super::announce(
-            "INFO",
-            &format!(
-                "note: listening on {} but allowed_hosts only names loopback; add this server's hostname to allowed_hosts or remote clients get 403",
-                addr.ip()
-            ),
-        );
-    }
+    announce_reach(config, addr, &reach);
     if !gate.accounts().has_admin().await? {
         match gate.accounts().setup_link_once(SETUP_SECONDS).await? {
             SetupLink::New(token) => super::announce(

@@ -17,6 +17,7 @@ mod batch;
 mod bridge;
 mod browser;
 mod channels;
+mod chatroom;
 mod cli;
 mod container;
 mod evidence;
