@@ -310,6 +310,47 @@ test("an admin invites an approver from the Users view and is shown the link to 
   assert.equal(new URL(link).origin, s.server.base, `the link ${link} does not point at this server`);
 });
 
+test("an admin creates a token in the Tokens view, sees it once, and revokes it; it works only in between", async () => {
+  const context = await adminContext();
+  const page = await openLive(context, "/");
+  await page.getByRole("button", { name: "Tokens" }).click();
+  await page.getByLabel("New token: name", { exact: false }).fill("dash-made-bot");
+  await page.getByLabel("Role").selectOption("agent");
+  await page.getByLabel("Scopes (comma-separated, optional)").fill("request");
+  await page.getByLabel("Expires (optional)").fill("30d");
+  const answered = page.waitForResponse((r) => r.url().endsWith("/ui/api/tokens") && r.request().method() === "POST");
+  await page.getByRole("button", { name: "Create token" }).click();
+  const response = await answered;
+  assert.equal(response.status(), 201);
+  const made = await response.json();
+  assert.match(made.token, /^cs_/);
+  const row = page.locator('table.tokens tr[data-name="dash-made-bot"]');
+  await row.waitFor();
+  assert.equal(await row.locator(".token-status").textContent(), "active");
+  assert.match(await row.textContent(), /request/);
+  await sleep(1000); // past the view's refresh and the live update
+  assert.equal((await page.locator("#token-secret").textContent()).trim(), made.token, "the secret stays on screen once made");
+  // It is stored hashed: the list never carries it.
+  const listed = await page.evaluate(async () => (await fetch("/ui/api/tokens")).text());
+  assert.ok(!listed.includes(made.token), "the list carries no secret");
+  // It works: an agent creates a request with it.
+  const created = await s.server.http("POST", "/api/v1/requests", { token: made.token, json: { action_description: "made with a dashboard token" } });
+  assert.equal(created.status, 201, created.text);
+  // Leaving the view forgets the secret.
+  await page.getByRole("button", { name: "History" }).click();
+  await page.getByRole("button", { name: "Tokens" }).click();
+  await row.waitFor();
+  assert.equal(await page.locator("#token-secret").count(), 0, "the secret is shown only once");
+  await row.getByRole("button", { name: "Revoke dash-made-bot" }).click();
+  await page.locator('table.tokens tr[data-name="dash-made-bot"] .token-status', { hasText: "revoked" }).waitFor();
+  const refused = await s.server.http("POST", "/api/v1/requests", { token: made.token, json: { action_description: "after the revocation" } });
+  assert.equal(refused.status, 401, refused.text);
+  // A forged cross-site form cannot make one.
+  const forged = await s.server.http("POST", "/ui/api/tokens", { json: { name: "forged", role: "admin" }, headers: { origin: "http://evil.example" } });
+  assert.equal(forged.status, 403, forged.text);
+  await context.close();
+});
+
 test("a wrong password shows an error; five failures lock the account, answered like any refusal", async () => {
   // carol is invited from the terminal and sets her password through the invitation.
   const link = new URL(await s.server.invite(LOCKED.username, "approver"));

@@ -242,6 +242,7 @@ async function loadList() {
   const items = $("items");
   if (state.view === "rooms") return undefined;
   if (state.view === "users") return loadUsers();
+  if (state.view === "tokens") return loadTokens();
   if (state.view === "grants") return loadGrants();
   if (state.view === "records") return loadRecords();
   const params = new URLSearchParams();
@@ -754,6 +755,76 @@ async function loadUsers() {
   );
 }
 
+// ---- tokens (admins) --------------------------------------------------------------
+
+async function loadTokens() {
+  const items = $("items");
+  let data;
+  try {
+    data = await api("/ui/api/tokens");
+  } catch (err) {
+    items.replaceChildren(el("p", { class: "notice error" }, err.message));
+    return;
+  }
+  const name = el("input", { id: "token-name", required: true, maxlength: "64", autocomplete: "off" });
+  const role = el("select", { id: "token-role" }, ["agent", "approver", "executor", "admin"].map((r) => el("option", { value: r }, r)));
+  const scopes = el("input", { id: "token-scopes", placeholder: "all of the role's", autocomplete: "off" });
+  const expires = el("input", { id: "token-expires", placeholder: "never (e.g. 30d, 12h)", autocomplete: "off" });
+  const result = el("div", { role: "status", id: "token-result" });
+  // The secret is shown once: it stays on screen across re-renders (live updates
+  // reload this view) until the admin leaves the view, and is never fetched again.
+  if (state.lastToken) {
+    result.className = "notice ok";
+    result.replaceChildren(
+      `Token for ${state.lastToken.name} (${state.lastToken.role}). Copy it now: it is shown only once and stored only as a hash. `,
+      el("code", { class: "cmd", id: "token-secret" }, state.lastToken.token));
+  }
+  const create = async () => {
+    const body = { name: name.value, role: role.value };
+    if (scopes.value.trim()) body.scopes = scopes.value.split(",").map((s) => s.trim()).filter(Boolean);
+    if (expires.value.trim()) body.expires = expires.value.trim();
+    try {
+      state.lastToken = await api("/ui/api/tokens", { method: "POST", body });
+      await loadTokens();
+    } catch (err) {
+      result.className = "notice error";
+      result.textContent = err.message;
+    }
+  };
+  const rows = data.tokens.map((t) =>
+    el("tr", { "data-name": t.name },
+      el("td", {}, t.name),
+      el("td", {}, t.role),
+      el("td", {}, t.scoped ? t.scopes : "all"),
+      el("td", {}, t.expires_at ? el("time", { datetime: t.expires_at }, t.expires_at) : "never"),
+      el("td", { class: "token-status" }, t.status),
+      el("td", {}, t.status !== "active" ? "" : el("button", {
+        class: "btn small", type: "button", "aria-label": `Revoke ${t.name}`,
+        onclick: async () => {
+          try {
+            await api(`/ui/api/tokens/${encodeURIComponent(t.id)}/revoke`, { method: "POST", body: {} });
+          } catch (err) {
+            result.className = "notice error";
+            result.textContent = err.message;
+            return;
+          }
+          await loadTokens();
+        },
+      }, "Revoke"))));
+  items.replaceChildren(
+    el("table", { class: "users tokens" },
+      el("thead", {}, el("tr", {}, ["Name", "Role", "Scopes", "Expires", "State", ""].map((h) => el("th", { scope: "col" }, h)))),
+      el("tbody", {}, rows)),
+    el("form", { class: "decide", onsubmit: (e) => { e.preventDefault(); create(); } },
+      el("label", { for: "token-name" }, "New token: name (an agent's, a service's or an approver's)"), name,
+      el("label", { for: "token-role" }, "Role"), role,
+      el("label", { for: "token-scopes" }, "Scopes (comma-separated, optional)"), scopes,
+      el("label", { for: "token-expires" }, "Expires (optional)"), expires,
+      el("div", { class: "actions" }, el("button", { class: "btn primary", type: "submit" }, "Create token")),
+      result),
+  );
+}
+
 // ---- live updates -----------------------------------------------------------------
 
 function connect() {
@@ -791,7 +862,8 @@ function setView(view) {
     if (b.dataset.view === view) b.setAttribute("aria-current", "page");
     else b.removeAttribute("aria-current");
   });
-  $("list-title").textContent = { needs: "Needs you", history: "History", users: "Users", rooms: "Rooms", grants: "Grants", records: "Records" }[view];
+  if (view !== "tokens") state.lastToken = undefined;
+  $("list-title").textContent = { needs: "Needs you", history: "History", users: "Users", tokens: "Tokens", rooms: "Rooms", grants: "Grants", records: "Records" }[view];
   $("filters").hidden = view !== "history";
   if (view === "rooms") {
     state.rooms.show();
@@ -808,6 +880,7 @@ async function start() {
   state.csrf = me.csrf_token;
   $("who").textContent = `${me.user.display_name} (${me.user.role})`;
   $("nav-users").hidden = me.user.role !== "admin";
+  $("nav-tokens").hidden = me.user.role !== "admin";
   document.querySelectorAll("nav.side button[data-view]").forEach((b) => b.addEventListener("click", () => setView(b.dataset.view)));
   state.rooms = createRooms({
     api,

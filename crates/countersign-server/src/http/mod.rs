@@ -427,6 +427,9 @@ fn dashboard_routes() -> Router<AppState> {
         .route("/users", get(ui::list_users))
         .route("/users/invite", post(ui::invite_user))
         .route("/users/{id}/disable", post(ui::disable_user))
+        // The same handlers as /api/v1/tokens: an admin, here signed in (with CSRF).
+        .route("/tokens", get(rest::list_tokens).post(rest::create_token))
+        .route("/tokens/{id}/revoke", post(rest::revoke_token))
 }
 
 /// Outside `/ui/api`, behind a session: signing out and the live updates.
