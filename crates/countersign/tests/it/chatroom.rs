@@ -158,6 +158,53 @@ async fn flows(server: &Server, client: &McpClient, approver: &str, label: &str)
         .await;
     assert_eq!(view["status"], "timed_out", "closed for everyone: {view}");
 
+    // The room gates: a question times out and the agent proceeds; a blocker holds
+    // until a person resolves it, and the agent reads the reply.
+    let room = format!("{label}-room");
+    call(client.peer(), "join_room", json!({"room": room}))
+        .await
+        .expect("join_room");
+    call(
+        client.peer(),
+        "post_message",
+        json!({"room": room, "text": "starting", "type": "progress"}),
+    )
+    .await
+    .expect("post_message");
+    let (_, feedback) = call(
+        client.peer(),
+        "wait_for_feedback",
+        json!({"room": room, "question": "Blue or green?", "timeout_seconds": 1}),
+    )
+    .await
+    .expect("wait_for_feedback");
+    assert_eq!(feedback["answered"], false, "{feedback}");
+    let (_, blocker) = call(
+        client.peer(),
+        "report_blocker",
+        json!({"room": room, "description": "the staging key expired"}),
+    )
+    .await
+    .expect("report_blocker");
+    let blocker_id = blocker["blocker_id"].as_str().unwrap().to_string();
+    let (status, body) = server
+        .post(
+            &format!("/api/v1/rooms/{room}/blockers/{blocker_id}/resolve"),
+            Some(approver),
+            &json!({"reply": "rotated it"}),
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let (_, resolution) = call(
+        client.peer(),
+        "wait_for_resolution",
+        json!({"room": room, "blocker_id": blocker_id, "timeout_seconds": 5}),
+    )
+    .await
+    .expect("wait_for_resolution");
+    assert_eq!(resolution["resolved"], true, "{resolution}");
+    assert_eq!(resolution["reply"], "rotated it");
+
     // What the profile refuses, with the reason.
     let refused = call(
         client.peer(),
