@@ -624,3 +624,116 @@ async fn an_image_built_from_scratch_serves_a_request() {
     let _ = engine.buildah(&["rm", "--all"]);
     let _ = engine.buildah(&["rmi", "--all", "--force"]);
 }
+
+/// deploy/mcpb/build.sh packs the binary under test into the `.mcpb` server.json names:
+/// the MCPB tool validates the manifest and packs it; the unpacked bundle, launched as
+/// its manifest says, serves the agent tools over stdio; and the server.json it updates
+/// carries the bundle's SHA-256 and still passes the registry's schema.
+#[tokio::test]
+async fn the_mcp_bundle_packs_validates_and_serves_the_agent_tools() {
+    let root = repo_root();
+    let mcpb = root.join("tests/upstreams/node_modules/.bin/mcpb");
+    if !mcpb.exists() {
+        return skip("the MCPB tool is missing: npm ci --prefix tests/upstreams");
+    }
+    let python = match python_with(&["jsonschema"]) {
+        Ok(python) => python,
+        Err(why) => return skip(&why),
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let bundle = tmp.path().join("countersign.mcpb");
+    let server_json = tmp.path().join("server.json");
+    std::fs::copy(root.join("server.json"), &server_json).unwrap();
+    let built = Command::new("bash")
+        .arg(root.join("deploy/mcpb/build.sh"))
+        .arg(bin())
+        .arg(&bundle)
+        .arg("--server-json")
+        .arg(&server_json)
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "build.sh: {}{}",
+        String::from_utf8_lossy(&built.stdout),
+        String::from_utf8_lossy(&built.stderr)
+    );
+
+    // server.json now names the bundle by its hash, and the registry's schema takes it.
+    use sha2::Digest;
+    let sha = hex::encode(sha2::Sha256::digest(std::fs::read(&bundle).unwrap()));
+    let doc: Value = serde_json::from_slice(&std::fs::read(&server_json).unwrap()).unwrap();
+    let package = doc["packages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["registryType"] == "mcpb")
+        .unwrap();
+    assert_eq!(package["fileSha256"], sha.as_str());
+    let schema = root.join("testdata/mcp-registry/server.schema.json");
+    let errors = check(
+        &python,
+        &[
+            "schema",
+            schema.to_str().unwrap(),
+            server_json.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(errors, json!([]), "server.json with the bundle's hash");
+
+    // Unpacked and launched as its manifest says, it is countersign's stdio server.
+    let unpacked = tmp.path().join("unpacked");
+    let status = Command::new(&mcpb)
+        .arg("unpack")
+        .arg(&bundle)
+        .arg(&unpacked)
+        .output()
+        .unwrap();
+    assert!(status.status.success(), "mcpb unpack: {status:?}");
+    let manifest: Value =
+        serde_json::from_slice(&std::fs::read(unpacked.join("manifest.json")).unwrap()).unwrap();
+    assert_eq!(manifest["version"], env!("CARGO_PKG_VERSION"));
+    let config = &manifest["server"]["mcp_config"];
+    let command = config["command"]
+        .as_str()
+        .unwrap()
+        .replace("${__dirname}", unpacked.to_str().unwrap());
+    let data = tmp.path().join("data");
+    let mut cmd = tokio::process::Command::new(&command);
+    for arg in config["args"].as_array().unwrap() {
+        cmd.arg(arg.as_str().unwrap());
+    }
+    cmd.arg("--data-dir").arg(&data);
+    use rmcp::ServiceExt;
+    let (transport, _stderr) = rmcp::transport::TokioChildProcess::builder(cmd)
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("launch the bundle's server");
+    let client = tokio::time::timeout(Duration::from_secs(20), ().serve(transport))
+        .await
+        .expect("MCP handshake timed out")
+        .expect("MCP handshake failed");
+    let tools: Vec<String> = client
+        .peer()
+        .list_all_tools()
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|t| t.name.to_string())
+        .collect();
+    for tool in manifest["tools"].as_array().unwrap() {
+        let name = tool["name"].as_str().unwrap();
+        assert!(
+            tools.iter().any(|t| t == name),
+            "{name} not served: {tools:?}"
+        );
+    }
+    let asked = call(
+        client.peer(),
+        "request_approval",
+        json!({"action_description": "deploy from the bundle"}),
+    )
+    .await
+    .unwrap();
+    assert_eq!(asked["status"], "pending", "{asked}");
+}
