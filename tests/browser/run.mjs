@@ -1151,6 +1151,54 @@ test("phone (390x844): the request opens as a bottom sheet and Approve works the
   await context.close();
 });
 
+// ---- the installable app ---------------------------------------------------------------------
+
+test("installable: a manifest and icons Chromium accepts, a service worker that keeps the shell offline and never an API answer", async () => {
+  const context = await newContext(s.browser, { ...PHONE, baseURL: s.server.base, storageState: s.adminState, serviceWorkers: "allow" });
+  const page = await openLive(context, "/");
+  const worker = await page.evaluate(async () => (await navigator.serviceWorker.ready).active.scriptURL);
+  assert.equal(new URL(worker).pathname, "/sw.js");
+  const manifest = await (await context.request.get("/manifest.webmanifest")).json();
+  assert.equal(manifest.display, "standalone");
+  assert.equal(manifest.start_url, "/");
+  for (const size of [192, 512]) {
+    const icon = manifest.icons.find((i) => i.sizes === `${size}x${size}`);
+    assert.ok(icon && icon.type === "image/png", `a ${size}px PNG icon: ${JSON.stringify(manifest.icons)}`);
+    const r = await context.request.get(icon.src);
+    assert.equal(r.headers()["content-type"], "image/png");
+    const png = await r.body();
+    // IHDR: width and height, big-endian, at bytes 16 and 20.
+    assert.equal(png.readUInt32BE(16), size);
+    assert.equal(png.readUInt32BE(20), size);
+  }
+  // Chromium's own verdict: nothing stops installing it, but that a test's browser context
+  // is an incognito one (Playwright's contexts are; a phone's browser is not).
+  const cdp = await context.newCDPSession(page);
+  const { installabilityErrors } = await cdp.send("Page.getInstallabilityErrors");
+  const blocking = installabilityErrors.filter((e) => e.errorId !== "in-incognito");
+  assert.deepEqual(blocking, [], JSON.stringify(installabilityErrors));
+  // A page controlled by the worker, then the network gone: the shell's offline page,
+  // never a cached dashboard or API answer.
+  await page.reload();
+  await page.waitForFunction(() => navigator.serviceWorker.controller !== null);
+  await context.setOffline(true);
+  await page.goto("/").catch(() => {});
+  await page.locator("#offline-message").waitFor();
+  assert.match(await page.locator("#offline-message").textContent(), /Nothing can be approved or rejected offline/);
+  const cached = await page.evaluate(async () => {
+    const names = await caches.keys();
+    const paths = [];
+    for (const name of names) for (const r of await (await caches.open(name)).keys()) paths.push(new URL(r.url).pathname);
+    return paths;
+  });
+  assert.ok(cached.includes("/assets/app.js"), `the shell is cached: ${cached}`);
+  assert.ok(cached.every((p) => !p.startsWith("/ui/") && !p.startsWith("/api/") && p !== "/"), `only the shell: ${cached}`);
+  await context.setOffline(false);
+  await gotoLive(page, "/");
+  await page.locator("nav.side").waitFor();
+  await context.close();
+});
+
 // ---- screenshots ---------------------------------------------------------------------------
 
 test("screenshots at phone (390x844) and desktop (1440x900) sizes", async () => {

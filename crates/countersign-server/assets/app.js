@@ -914,6 +914,11 @@ async function start() {
   connect();
 }
 
+// The installable app's service worker (sw.js): the shell offline, never a decision.
+if ("serviceWorker" in navigator) {
+  navigator.serviceWorker.register("/sw.js", { scope: "/" }).catch(() => {});
+}
+
 start().catch((err) => {
   if (err.message !== "signed out") $("detail-body").replaceChildren(el("p", { class: "notice error" }, err.message));
 });

@@ -64,9 +64,10 @@ const RECORD_VIOLATIONS = () => {
   });
 };
 
-/** A new browser context whose pages are all watched. */
+/** A new browser context whose pages are all watched. Service workers are blocked unless
+ * `options` allows them (the installable-app test), so that no test reads a cached shell. */
 export async function newContext(browser, options) {
-  const context = await browser.newContext({ ...options, serviceWorkers: "block" });
+  const context = await browser.newContext({ serviceWorkers: "block", ...options });
   context.setDefaultTimeout(10_000);
   context.setDefaultNavigationTimeout(15_000);
   await context.addInitScript(RECORD_VIOLATIONS);

@@ -43,6 +43,13 @@ const APP_CSS: &str = include_str!("../../assets/app.css");
 const ICON: &str = include_str!("../../assets/icon.svg");
 const EMAIL_JS: &str = include_str!("../../assets/email.js");
 const TIME_JS: &str = include_str!("../../assets/time.js");
+// The installable app (docs/deployment.md, "On a phone"): its manifest, icons, service
+// worker and the page it shows offline.
+const MANIFEST: &str = include_str!("../../assets/manifest.webmanifest");
+const SERVICE_WORKER: &str = include_str!("../../assets/sw.js");
+const OFFLINE: &str = include_str!("../../assets/offline.html");
+const ICON_192: &[u8] = include_bytes!("../../assets/icon-192.png");
+const ICON_512: &[u8] = include_bytes!("../../assets/icon-512.png");
 
 // ---- pages and assets ---------------------------------------------------------------
 
@@ -84,16 +91,22 @@ pub(super) async fn setup_page() -> Response {
 }
 
 pub(super) async fn asset(Path(file): Path<String>) -> Response {
-    let (body, kind) = match file.as_str() {
-        "app.js" => (APP_JS, "text/javascript; charset=utf-8"),
-        "rooms.js" => (ROOMS_JS, "text/javascript; charset=utf-8"),
-        "auth.js" => (AUTH_JS, "text/javascript; charset=utf-8"),
-        "email.js" => (EMAIL_JS, "text/javascript; charset=utf-8"),
-        "time.js" => (TIME_JS, "text/javascript; charset=utf-8"),
-        "app.css" => (APP_CSS, "text/css; charset=utf-8"),
-        "icon.svg" => (ICON, "image/svg+xml"),
+    let (body, kind): (&'static [u8], _) = match file.as_str() {
+        "app.js" => (APP_JS.as_bytes(), "text/javascript; charset=utf-8"),
+        "rooms.js" => (ROOMS_JS.as_bytes(), "text/javascript; charset=utf-8"),
+        "auth.js" => (AUTH_JS.as_bytes(), "text/javascript; charset=utf-8"),
+        "email.js" => (EMAIL_JS.as_bytes(), "text/javascript; charset=utf-8"),
+        "time.js" => (TIME_JS.as_bytes(), "text/javascript; charset=utf-8"),
+        "app.css" => (APP_CSS.as_bytes(), "text/css; charset=utf-8"),
+        "icon.svg" => (ICON.as_bytes(), "image/svg+xml"),
+        "icon-192.png" => (ICON_192, "image/png"),
+        "icon-512.png" => (ICON_512, "image/png"),
         _ => return StatusCode::NOT_FOUND.into_response(),
     };
+    static_file(body, kind)
+}
+
+fn static_file(body: &'static [u8], kind: &'static str) -> Response {
     (
         [
             (header::CONTENT_TYPE, kind),
@@ -102,6 +115,22 @@ pub(super) async fn asset(Path(file): Path<String>) -> Response {
         body,
     )
         .into_response()
+}
+
+/// The web app manifest: what a phone installs.
+pub(super) async fn manifest() -> Response {
+    static_file(MANIFEST.as_bytes(), "application/manifest+json")
+}
+
+/// The service worker, at the root so that its scope is the whole dashboard.
+pub(super) async fn service_worker() -> Response {
+    static_file(SERVICE_WORKER.as_bytes(), "text/javascript; charset=utf-8")
+}
+
+/// What the installed app shows when the server is out of reach (the service worker
+/// serves it from its cache; it needs no session and holds nothing private).
+pub(super) async fn offline_page() -> Response {
+    html(OFFLINE)
 }
 
 /// Security headers on every dashboard response: a strict CSP (scripts only from this
@@ -118,7 +147,7 @@ pub(super) async fn security_headers(
     set(
         headers,
         "content-security-policy",
-        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; connect-src 'self'; manifest-src 'self'; worker-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     );
     set(headers, "x-content-type-options", "nosniff");
     set(headers, "x-frame-options", "DENY");
