@@ -1,7 +1,8 @@
 //! The agent chatroom's flows (shared/seeds/004, docs/rooms.md): the chatroom profile's
 //! blocking `request_approval` over Streamable HTTP (`/mcp/profile/chatroom`) and over
 //! stdio (`countersign mcp --profile chatroom`), with a real MCP client (rmcp's), decided
-//! by a person over REST; and `serve` listening beyond loopback, printing the addresses
+//! by a person over REST (and relayed from stdio to a server's profile with `--server`);
+//! and `serve` listening beyond loopback, printing the addresses
 //! a phone on the same network reaches it at, which it then answers to.
 
 use std::process::Stdio;
@@ -247,6 +248,30 @@ async fn chatroom_request_approval_blocks_until_a_person_decides_over_http_and_s
         .expect("MCP handshake timed out")
         .expect("MCP handshake failed");
     flows(&server, &stdio, &approver, "stdio").await;
+
+    // A stdio client of a team server: relayed to its /mcp/profile/chatroom as the token.
+    let relay_token = create_token(data, "agent", "chat-relay").await;
+    let token_file = dir.path().join("relay.token");
+    std::fs::write(&token_file, &relay_token).unwrap();
+    let mut cmd = common::bare_command();
+    cmd.args([
+        "mcp",
+        "--profile",
+        "chatroom",
+        "--server",
+        &server.base,
+        "--token-file",
+    ])
+    .arg(&token_file);
+    let (transport, _stderr) = TokioChildProcess::builder(cmd)
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn countersign mcp --profile chatroom --server");
+    let relayed = tokio::time::timeout(Duration::from_secs(20), ().serve(transport))
+        .await
+        .expect("MCP handshake timed out")
+        .expect("MCP handshake failed");
+    flows(&server, &relayed, &approver, "relay").await;
 
     let (status, body) = server.get("/mcp/profile/nope", Some(&agent)).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
