@@ -37,6 +37,27 @@ record_action when you act; on any other status, do not act. Use the room tools 
 progress (post_message), ask (wait_for_feedback, a soft gate) and stop on a blocker \
 (report_blocker).";
 
+/// The profile's rules for `timeout_seconds` (the wait and the expiry in one): 1 to
+/// [`MAX_TIMEOUT_SECONDS`], [`DEFAULT_TIMEOUT_SECONDS`] when absent, and no
+/// `timeout_hours`. Also for `request_approval` run as a task ([`super::tasks`]).
+pub(super) fn timeout_checked(
+    mut input: RequestApprovalInput,
+) -> Result<RequestApprovalInput, GateError> {
+    if input.timeout_hours.is_some() {
+        return Err(GateError::BadInput(
+            "the chatroom profile's request_approval takes timeout_seconds (the wait and the expiry in one), not timeout_hours".into(),
+        ));
+    }
+    let seconds = input.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS);
+    if seconds == 0 || seconds > MAX_TIMEOUT_SECONDS {
+        return Err(GateError::BadInput(format!(
+            "timeout_seconds is {seconds}; give 1 to {MAX_TIMEOUT_SECONDS}"
+        )));
+    }
+    input.timeout_seconds = Some(seconds);
+    Ok(input)
+}
+
 #[tool_router(router = chatroom_router, vis = "pub(crate)")]
 impl McpService {
     #[tool(
@@ -55,20 +76,8 @@ impl McpService {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<ApprovalView>, ToolError> {
         let who = self.caller(&ctx)?;
-        if input.timeout_hours.is_some() {
-            return Err(GateError::BadInput(
-                "the chatroom profile's request_approval takes timeout_seconds (the wait and the expiry in one), not timeout_hours".into(),
-            )
-            .into());
-        }
+        input = timeout_checked(input)?;
         let seconds = input.timeout_seconds.unwrap_or(DEFAULT_TIMEOUT_SECONDS);
-        if seconds == 0 || seconds > MAX_TIMEOUT_SECONDS {
-            return Err(GateError::BadInput(format!(
-                "timeout_seconds is {seconds}; give 1 to {MAX_TIMEOUT_SECONDS}"
-            ))
-            .into());
-        }
-        input.timeout_seconds = Some(seconds);
         let quorum = input.quorum();
         let requested = self
             .gate

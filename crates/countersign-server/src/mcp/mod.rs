@@ -20,6 +20,7 @@ mod operate;
 mod operator;
 mod proofs;
 mod rooms;
+mod tasks;
 mod upstream;
 
 use std::sync::Arc;
@@ -28,8 +29,9 @@ use countersign_core::{CoreError, Decider, Principal, Scope};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::tool::ToolCallContext;
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, ContentBlock, Implementation, IntoContents,
-    ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig, Tool,
+    CallToolRequestParams, CallToolResponse, CancelTaskParams, ContentBlock, GetTaskParams,
+    GetTaskResult, Implementation, IntoContents, ListToolsResult, PaginatedRequestParams,
+    ServerCapabilities, ServerConfig, Tool, UpdateTaskParams,
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler};
@@ -80,6 +82,9 @@ pub struct McpService {
     operator_tools_enabled: bool,
     groups: Arc<Vec<Group>>,
     instructions: &'static str,
+    /// The chatroom profile: `request_approval` blocks (or, as a task, follows its
+    /// timeout rules).
+    blocking_requests: bool,
 }
 
 /// A tool's failure, shown to the model as `code: message` (internal details stay in
@@ -165,6 +170,7 @@ impl McpService {
             operator_tools_enabled,
             groups: Arc::new(groups),
             instructions: INSTRUCTIONS,
+            blocking_requests: false,
         }
     }
 
@@ -189,6 +195,7 @@ impl McpService {
             operator_tools_enabled: false,
             groups: Arc::new(groups),
             instructions: chatroom::INSTRUCTIONS,
+            blocking_requests: true,
         }
     }
 
@@ -241,12 +248,17 @@ impl McpService {
 
 impl ServerHandler for McpService {
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new(
-                "countersign",
-                env!("CARGO_PKG_VERSION"),
-            ))
-            .with_instructions(self.instructions)
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_tasks()
+                .build(),
+        )
+        .with_server_info(Implementation::new(
+            "countersign",
+            env!("CARGO_PKG_VERSION"),
+        ))
+        .with_instructions(self.instructions)
     }
 
     async fn list_tools(
@@ -290,6 +302,11 @@ impl ServerHandler for McpService {
                 None,
             ));
         }
+        // A client that takes tasks gets one for a request: it polls tasks/get instead
+        // of holding a call open while a person decides (tasks.rs).
+        if request.name == "request_approval" && tasks::wants_task(&context) {
+            return self.request_as_task(request, context).await;
+        }
         group
             .router
             .call(ToolCallContext::new(self, request, context))
@@ -298,5 +315,35 @@ impl ServerHandler for McpService {
 
     fn get_tool(&self, name: &str) -> Option<Tool> {
         self.groups.iter().find_map(|g| g.router.get(name)).cloned()
+    }
+
+    async fn get_task(
+        &self,
+        request: GetTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<GetTaskResult, ErrorData> {
+        self.task_state(&request.task_id, &context).await
+    }
+
+    async fn cancel_task(
+        &self,
+        request: CancelTaskParams,
+        context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        self.cancel_task_of(&request.task_id, &context).await
+    }
+
+    async fn update_task(
+        &self,
+        request: UpdateTaskParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        Err(ErrorData::invalid_params(
+            format!(
+                "task {} asks for no input: it waits for a person's decision",
+                request.task_id
+            ),
+            None,
+        ))
     }
 }

@@ -32,4 +32,5 @@ mod policies;
 mod quorum;
 mod sdk_verifiers;
 mod shipping;
+mod tasks;
 mod webhooks;
