@@ -660,6 +660,28 @@ impl Gate {
         )))
     }
 
+    /// `who`'s own requests (of `status`, newest first, at most `limit`): what an agent
+    /// may list of the requests, since it sees only its own (a remote bridge picks up
+    /// its open requests so).
+    pub async fn own_requests(
+        &self,
+        who: &Principal,
+        status: Option<Status>,
+        limit: usize,
+    ) -> Result<Vec<ApprovalRequest>, GateError> {
+        let query = RequestQuery {
+            status,
+            requested_by: Some(who.id.clone()),
+            limit,
+        };
+        let mut requests = self.store.list_requests(&query).await?;
+        if status == Some(Status::Pending) {
+            let now = self.now();
+            requests.retain(|r| !r.is_past_expiry(now));
+        }
+        Ok(requests)
+    }
+
     pub async fn list(
         &self,
         _decider: &Decider,

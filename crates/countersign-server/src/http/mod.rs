@@ -364,6 +364,7 @@ fn both_surfaces() -> Router<AppState> {
 fn token_routes() -> Router<AppState> {
     let request = Router::new()
         .route("/requests", post(rest::create_request))
+        .route("/requests/own", get(rest::own_requests))
         .route("/requests/{id}/wait", get(rest::wait_request))
         .route("/requests/{id}/cancel", post(rest::cancel))
         .route(

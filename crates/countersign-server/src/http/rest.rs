@@ -148,6 +148,26 @@ pub(super) async fn list_requests(
     }))
 }
 
+input!(OwnParams { status: Option<String>, limit: Option<usize> });
+
+/// The caller's own requests (any token with the request scope): an agent sees only
+/// its own, so this is all it may list.
+pub(super) async fn own_requests(
+    Caller { gate, who, .. }: Caller,
+    ApiQuery(params): ApiQuery<OwnParams>,
+) -> Result<Json<RequestList>, ApiError> {
+    let status = params
+        .status
+        .as_deref()
+        .map(str::parse::<Status>)
+        .transpose()?;
+    let limit = params.limit.unwrap_or(100).clamp(1, 10_000);
+    let requests = gate.own_requests(&who, status, limit).await?;
+    Ok(Json(RequestList {
+        requests: requests.iter().map(ApprovalView::new).collect(),
+    }))
+}
+
 pub(super) async fn get_request(
     Caller { gate, who, .. }: Caller,
     ApiPath(id): ApiPath<String>,

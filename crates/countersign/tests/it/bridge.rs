@@ -422,3 +422,124 @@ async fn a_proposal_that_vanished_is_kept_and_still_delivered_once_approved() {
         "the other proposal is untouched"
     );
 }
+
+/// The pending request of `agent` for proposal `id`, as the approver lists it.
+async fn pending_of(server: &Server, approver: &str, agent: &str, id: &str) -> Value {
+    eventually(&format!("a pending request for {id}"), async || {
+        let (code, body) = server
+            .get(
+                &format!("/api/v1/requests?status=pending&requested_by={agent}&limit=1000"),
+                Some(approver),
+            )
+            .await;
+        if code != StatusCode::OK {
+            return None;
+        }
+        body["requests"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|r| proposal_id(r) == id)
+            .cloned()
+    })
+    .await
+}
+
+/// `countersign bridge --server URL --token-file F --name N --dir D`: the bridge runs
+/// next to the process and relays to a central serve over REST, as its agent token. The
+/// process acts once per approval and never on a rejection, its record becomes the
+/// outcome, and a restart of the central serve while a proposal waits loses nothing and
+/// duplicates nothing.
+#[tokio::test]
+async fn a_remote_bridge_relays_a_process_to_a_central_serve() {
+    let dir = tempfile::tempdir().unwrap();
+    let central = dir.path().join("central");
+    let proc_dir = dir.path().join("proc");
+    std::fs::create_dir_all(&central).unwrap();
+    std::fs::create_dir_all(&proc_dir).unwrap();
+    let mut server = serve(&central, None);
+    let port = server.addr.port();
+    let approver = create_token(&central, "approver", "alice").await;
+    let agent_token = create_token(&central, "agent", "bridge-remote").await;
+    let token_file = dir.path().join("bridge.token");
+    std::fs::write(&token_file, &agent_token).unwrap();
+    let agent = "token:bridge-remote";
+
+    // The bridge's own machine has no countersign data of its own to speak of.
+    let mut bridge = common::command(
+        &dir.path().join("edge"),
+        &[
+            "bridge",
+            "--server",
+            &server.base,
+            "--name",
+            "remote",
+            "--dir",
+        ],
+    );
+    bridge
+        .arg(&proc_dir)
+        .arg("--token-file")
+        .arg(&token_file)
+        .stderr(Stdio::inherit());
+    let mut bridge = bridge.spawn().expect("spawn countersign bridge --server");
+    let _process = start_process(&proc_dir, &[job("job-1"), job("job-2")], &[]);
+
+    let first = pending_of(&server, &approver, agent, "job-1").await;
+    let second = pending_of(&server, &approver, agent, "job-2").await;
+    assert_eq!(first["action_description"], "reindex job-1");
+    assert_eq!(first["action_details"]["bridge"], "remote");
+    for (request, decision) in [(&first, "approve"), (&second, "reject")] {
+        let (code, body) = server
+            .decide(request["request_id"].as_str().unwrap(), &approver, decision)
+            .await;
+        assert_eq!(code, StatusCode::OK, "{body}");
+    }
+    eventually("the process acted on the approval", async || {
+        (times_acted(&proc_dir, "job-1") == 1).then_some(())
+    })
+    .await;
+    eventually("pending.json emptied", async || {
+        pending_ids(&proc_dir).is_empty().then_some(())
+    })
+    .await;
+    let outcome = eventually("the outcome of job-1 recorded", async || {
+        let view = server
+            .request_view(&approver, first["request_id"].as_str().unwrap())
+            .await;
+        (!view["outcome"].is_null()).then(|| view["outcome"].clone())
+    })
+    .await;
+    assert_eq!(outcome["status"], "succeeded", "{outcome}");
+
+    // The central serve restarts while a new proposal waits: the bridge keeps asking,
+    // and the approval given after the restart is delivered once.
+    let waiting = job("job-3");
+    let mut pending: Value =
+        serde_json::from_str(&std::fs::read_to_string(proc_dir.join("pending.json")).unwrap())
+            .unwrap();
+    pending["proposals"].as_array_mut().unwrap().push(waiting);
+    std::fs::write(proc_dir.join("pending.json"), pending.to_string()).unwrap();
+    let third = pending_of(&server, &approver, agent, "job-3").await;
+    server.kill();
+    drop(server);
+    let mut cmd = common::serve_command();
+    cmd.arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-dir")
+        .arg(&central);
+    server = Server::spawn(cmd);
+    let (code, body) = server
+        .decide(third["request_id"].as_str().unwrap(), &approver, "approve")
+        .await;
+    assert_eq!(code, StatusCode::OK, "{body}");
+    eventually("the process acted on job-3", async || {
+        (times_acted(&proc_dir, "job-3") == 1).then_some(())
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(times_acted(&proc_dir, "job-1"), 1, "acted once only");
+    assert_eq!(times_acted(&proc_dir, "job-2"), 0, "never on a rejection");
+    assert_eq!(times_acted(&proc_dir, "job-3"), 1, "once after the restart");
+    let _ = bridge.kill().await;
+}
