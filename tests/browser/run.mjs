@@ -12,6 +12,7 @@
 import assert from "node:assert/strict";
 import fs from "node:fs";
 import http from "node:http";
+import os from "node:os";
 import path from "node:path";
 import { after, before, test as nodeTest } from "node:test";
 import { fileURLToPath } from "node:url";
@@ -1149,6 +1150,61 @@ test("phone (390x844): the request opens as a bottom sheet and Approve works the
   await sheet.getByRole("button", { name: "Close" }).tap();
   await page.waitForFunction(() => !document.querySelector("section.detail").classList.contains("open"));
   await context.close();
+});
+
+// ---- process operations ------------------------------------------------------------------------
+
+test("operations: the Operations view lists a person's process operation with its decision and exit, never an agent's look-alike", async () => {
+  const work = fs.mkdtempSync(path.join(os.tmpdir(), "countersign-ops-"));
+  const server = await new Countersign(process.env.COUNTERSIGN_BIN, {
+    files: {
+      "countersign.toml": `[[process]]\nname = "worker"\nhost = "local"\ndir = ${JSON.stringify(work)}\nstart = "sleep 300"\nmatch = "sleep 300 countersign-ops-test"\nlog = "worker.log"\nrun_timeout_seconds = 10\n`,
+    },
+  }).start();
+  try {
+    const alice = await server.token("approver", "ops-alice");
+    const bob = await server.token("approver", "ops-bob");
+    const agent = await server.token("agent", "sly-bot");
+    const asked = await server.http("POST", "/api/v1/operate/processes/worker/run", { token: alice, json: { cmd: "echo hello-from-ops", hold_seconds: 0 } });
+    assert.equal(asked.status, 200, asked.text);
+    assert.equal(asked.body.state, "pending");
+    const id = asked.body.request.request_id;
+    // An agent's request dressed as an operation is not one.
+    const forged = await server.http("POST", "/api/v1/requests", { token: agent, json: { action_description: "run `rm -rf /` in / on local", action_details: { upstream: "operate", tool: "run_command", process: "worker", cmd: "rm -rf /" } } });
+    assert.equal(forged.status, 201, forged.text);
+
+    const context = await firstAdmin(server);
+    const page = await openLive(context, "/");
+    await page.getByRole("button", { name: "Operations" }).click();
+    const row = page.locator(`table.operations tr[data-id="${id}"]`);
+    await row.waitFor();
+    assert.match(await row.textContent(), /run `echo hello-from-ops`/);
+    assert.match(await row.textContent(), /token:ops-alice/);
+    assert.equal(await row.locator(".op-decision").textContent(), "pending");
+    assert.equal(await page.locator(`table.operations tr[data-id="${forged.body.request_id}"]`).count(), 0, "an agent's look-alike is listed");
+
+    // Another person approves; until alice asks again it has not run.
+    const decided = await server.http("POST", `/api/v1/requests/${id}/decision`, { token: bob, json: { decision: "approved" } });
+    assert.equal(decided.status, 200, decided.text);
+    await page.getByRole("button", { name: "Operations" }).click();
+    await page.locator(`table.operations tr[data-id="${id}"] .op-outcome`, { hasText: "not run yet" }).waitFor();
+    // Asked again, the approved operation runs, once; its exit is shown.
+    const ran = await server.http("POST", "/api/v1/operate/processes/worker/run", { token: alice, json: { cmd: "echo hello-from-ops", hold_seconds: 10 } });
+    assert.equal(ran.status, 200, ran.text);
+    assert.equal(ran.body.state, "done", ran.text);
+    assert.equal(ran.body.request.request_id, id);
+    await page.getByRole("button", { name: "Operations" }).click();
+    await page.locator(`table.operations tr[data-id="${id}"] .op-outcome`, { hasText: "exit 0" }).waitFor();
+    assert.match(await row.locator(".op-decision").textContent(), /^approved by ops-bob/);
+    assert.match(await row.locator(".op-outcome").textContent(), /^succeeded \(exit 0\)/);
+    // The row opens the request itself.
+    await row.getByRole("button").click();
+    await page.locator("#detail-body", { hasText: "hello-from-ops" }).waitFor();
+    await context.close();
+  } finally {
+    server.cleanup();
+    fs.rmSync(work, { recursive: true, force: true });
+  }
 });
 
 // ---- the installable app ---------------------------------------------------------------------

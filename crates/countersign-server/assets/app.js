@@ -243,6 +243,7 @@ async function loadList() {
   if (state.view === "rooms") return undefined;
   if (state.view === "users") return loadUsers();
   if (state.view === "tokens") return loadTokens();
+  if (state.view === "operations") return loadOperations();
   if (state.view === "grants") return loadGrants();
   if (state.view === "records") return loadRecords();
   const params = new URLSearchParams();
@@ -755,6 +756,44 @@ async function loadUsers() {
   );
 }
 
+// ---- process operations ------------------------------------------------------------
+
+async function loadOperations() {
+  const items = $("items");
+  let data;
+  try {
+    data = await api("/ui/api/operations");
+  } catch (err) {
+    items.replaceChildren(el("p", { class: "notice error" }, err.message));
+    return;
+  }
+  if (!data.operations.length) {
+    items.replaceChildren(el("p", { class: "empty" }, `No process operations among the ${data.scanned} newest requests. Restarts, commands and parameter changes asked for through the approval-gate profile, the CLI or /api/v1/operate appear here.`));
+    return;
+  }
+  const decided = (o) => {
+    if (!o.decision) return o.status;
+    const who = o.decision.approvers.map((a) => a.display_name).join(", ") || o.decision.authorization_type;
+    return `${o.decision.decision} by ${who}`;
+  };
+  const outcome = (o) => {
+    if (!o.outcome) return o.status === "approved" ? "not run yet" : "";
+    const exit = o.outcome.details && o.outcome.details.exit_code !== undefined ? ` (exit ${o.outcome.details.exit_code})` : "";
+    return `${o.outcome.status}${exit}${o.outcome.summary ? `: ${o.outcome.summary}` : ""}`;
+  };
+  const rows = data.operations.map((o) =>
+    el("tr", { "data-id": o.request_id },
+      el("td", {}, el("time", { datetime: o.requested_at }, fmtTime(o.requested_at))),
+      el("td", {}, el("button", { class: "link", type: "button", onclick: () => select(o.request_id) }, o.action_description)),
+      el("td", {}, o.requested_by),
+      el("td", { class: "op-decision" }, decided(o)),
+      el("td", { class: "op-outcome" }, outcome(o))));
+  items.replaceChildren(
+    el("table", { class: "users operations" },
+      el("thead", {}, el("tr", {}, ["Asked", "Operation", "Asked by", "Decision", "What came of it"].map((h) => el("th", { scope: "col" }, h)))),
+      el("tbody", {}, rows)));
+}
+
 // ---- tokens (admins) --------------------------------------------------------------
 
 async function loadTokens() {
@@ -863,7 +902,7 @@ function setView(view) {
     else b.removeAttribute("aria-current");
   });
   if (view !== "tokens") state.lastToken = undefined;
-  $("list-title").textContent = { needs: "Needs you", history: "History", users: "Users", tokens: "Tokens", rooms: "Rooms", grants: "Grants", records: "Records" }[view];
+  $("list-title").textContent = { needs: "Needs you", history: "History", users: "Users", tokens: "Tokens", operations: "Operations", rooms: "Rooms", grants: "Grants", records: "Records" }[view];
   $("filters").hidden = view !== "history";
   if (view === "rooms") {
     state.rooms.show();

@@ -425,6 +425,7 @@ fn dashboard_routes() -> Router<AppState> {
         .route("/me", get(ui::me))
         .route("/requests", get(ui::list_requests))
         .route("/requests/{id}/why", get(ui::request_why))
+        .route("/operations", get(ui::list_operations))
         .route("/users", get(ui::list_users))
         .route("/users/invite", post(ui::invite_user))
         .route("/users/{id}/disable", post(ui::disable_user))

@@ -409,6 +409,54 @@ input!(ListParams { view: Option<String>, q: Option<String>, agent: Option<Strin
 
 /// The dashboard's lists: what is pending (by default) or the history, filtered by
 /// agent and by text.
+/// How many of the newest requests the Operations view looks through.
+const OPERATIONS_SCANNED: usize = 1_000;
+
+/// The Operations view: process operations (restart, run, parameter changes: requests a
+/// person made through `/api/v1/operate` or the approval-gate profile), newest first,
+/// with their decision and what came of them. An operation is told by its details
+/// (`upstream` = `operate`) *and* its requester being a person: an agent cannot make
+/// one, nor make its own request look like one here.
+pub(super) async fn list_operations(
+    State(state): State<AppState>,
+    Dashboard(session): Dashboard,
+) -> Result<Json<serde_json::Value>, ApiError> {
+    let decider = Decider::new(session.user.principal())?;
+    let query = RequestQuery {
+        status: None,
+        requested_by: None,
+        limit: OPERATIONS_SCANNED,
+    };
+    // Who is a person: accounts, tokens of people, and the data directory's own OS
+    // users (the CLI; whoever holds the data directory holds everything anyway).
+    let people: std::collections::HashSet<String> = state
+        .gate
+        .list_tokens()
+        .await?
+        .into_iter()
+        .filter(|t| t.role.may_decide())
+        .map(|t| format!("token:{}", t.name))
+        .collect();
+    let is_person =
+        |id: &str| id.starts_with("user:") || id.starts_with("local:") || people.contains(id);
+    let operations: Vec<crate::views::ApprovalView> = state
+        .gate
+        .list(&decider, &query)
+        .await?
+        .iter()
+        .filter(|r| {
+            is_person(&r.requested_by.id)
+                && r.action.details.get("upstream").map(String::as_str)
+                    == Some(crate::operate::UPSTREAM)
+        })
+        .map(crate::views::ApprovalView::new)
+        .collect();
+    Ok(Json(serde_json::json!({
+        "operations": operations,
+        "scanned": OPERATIONS_SCANNED,
+    })))
+}
+
 pub(super) async fn list_requests(
     State(state): State<AppState>,
     Dashboard(session): Dashboard,
