@@ -3,7 +3,8 @@
 //! status and logs of the running script; a restart held until another approver
 //! approves over REST, then run once; run_command pending, then joined and run, its
 //! output recorded; set_param refused when invalid, held, then applied; probes and
-//! parameter tools listed only when configured; agent credentials refused.
+//! parameter tools listed only when configured; agent credentials refused; an operation
+//! waiting for its decision sends the client MCP progress notifications.
 
 use std::path::Path;
 use std::time::Duration;
@@ -523,4 +524,91 @@ async fn approval_gate_operations_over_rest_and_the_remote_cli() {
     assert_eq!(body["state"], "refused", "{body}");
     assert_eq!(body["request"]["request_id"], id);
     assert!(!work.join("params.json").exists());
+}
+
+/// A client that keeps every progress notification it receives.
+struct Progress(tokio::sync::mpsc::UnboundedSender<rmcp::model::ProgressNotificationParam>);
+
+impl rmcp::ClientHandler for Progress {
+    async fn on_progress(
+        &self,
+        params: rmcp::model::ProgressNotificationParam,
+        _: rmcp::service::NotificationContext<rmcp::RoleClient>,
+    ) {
+        let _ = self.0.send(params);
+    }
+}
+
+/// An operation waiting for its decision tells the client so, through MCP progress
+/// notifications on the call's progress token (as the native wait tools do): the first
+/// as soon as the request exists, naming it, before any decision; the call then ends
+/// with the approved operation done.
+#[tokio::test]
+async fn approval_gate_operation_reports_progress_while_it_waits() {
+    use rmcp::ServiceExt;
+    use rmcp::model::{CallToolRequestParams, NumberOrString, ProgressToken, RequestParamsMeta};
+    use rmcp::transport::StreamableHttpClientTransport;
+    use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
+
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let work = dir.path().join("work");
+    let script = worker(&work);
+    let _reaper = Reaper(path_str(&script).to_string());
+    configure(&data, &work, &script, "host = \"local\"", "");
+    let alice = create_token(&data, "approver", "alice").await;
+    let bob = create_token(&data, "approver", "bob").await;
+    let server = Server::start(&data);
+
+    let (sent, mut received) = tokio::sync::mpsc::unbounded_channel();
+    let transport = StreamableHttpClientTransport::from_config(
+        StreamableHttpClientTransportConfig::with_uri(server.url(PROFILE_PATH))
+            .auth_header(alice.clone()),
+    );
+    let client = tokio::time::timeout(Duration::from_secs(20), Progress(sent).serve(transport))
+        .await
+        .expect("MCP initialize timed out")
+        .expect("MCP initialize failed");
+
+    let mut params = CallToolRequestParams::new("run_command").with_arguments(
+        json!({"cmd": "echo ran", "wait_seconds": 60})
+            .as_object()
+            .unwrap()
+            .clone(),
+    );
+    // rmcp's client gives each call a progress token of its own (replacing one set here).
+    params.set_progress_token(ProgressToken(NumberOrString::Number(1)));
+    let peer = client.peer().clone();
+    let running = tokio::spawn(async move { peer.call_tool(params).await });
+
+    let first = tokio::time::timeout(Duration::from_secs(15), received.recv())
+        .await
+        .expect("no progress notification while the operation waits")
+        .unwrap();
+    let token = first.progress_token.clone();
+    let request = pending_one(&server, &bob).await;
+    let id = request["request_id"].as_str().unwrap().to_string();
+    let message = first.message.clone().unwrap_or_default();
+    assert_eq!(
+        message,
+        format!("request {id} waits for another approver's decision"),
+        "{first:?}"
+    );
+    assert_eq!(first.total, Some(60.0), "{first:?}");
+    assert!(!running.is_finished(), "the call ended before any decision");
+
+    approve_as_bob(&server, &id, &alice, &bob).await;
+    let result = tokio::time::timeout(Duration::from_secs(15), running)
+        .await
+        .expect("the call did not end after the approval")
+        .unwrap()
+        .expect("run_command");
+    let answer = result.structured_content.unwrap_or(Value::Null);
+    assert_eq!(answer["state"], "done", "{answer}");
+    assert_eq!(answer["executed"]["output"], "ran\n", "{answer}");
+    // Every notification was for this one call.
+    while let Ok(more) = received.try_recv() {
+        assert_eq!(more.progress_token, token, "{more:?}");
+    }
+    client.cancel().await.unwrap();
 }
