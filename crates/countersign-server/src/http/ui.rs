@@ -36,20 +36,23 @@ use crate::views::{RequestView, WhyView};
 const INDEX: &str = include_str!("../../assets/index.html");
 const LOGIN: &str = include_str!("../../assets/login.html");
 const SETUP: &str = include_str!("../../assets/setup.html");
-const APP_JS: &str = include_str!("../../assets/app.js");
-const ROOMS_JS: &str = include_str!("../../assets/rooms.js");
-const AUTH_JS: &str = include_str!("../../assets/auth.js");
-const APP_CSS: &str = include_str!("../../assets/app.css");
-const ICON: &str = include_str!("../../assets/icon.svg");
-const EMAIL_JS: &str = include_str!("../../assets/email.js");
-const TIME_JS: &str = include_str!("../../assets/time.js");
-// The installable app (docs/deployment.md, "On a phone"): its manifest, icons, service
-// worker and the page it shows offline.
-const MANIFEST: &str = include_str!("../../assets/manifest.webmanifest");
-const SERVICE_WORKER: &str = include_str!("../../assets/sw.js");
+// The installable app's offline page (docs/deployment.md, "On a phone").
 const OFFLINE: &str = include_str!("../../assets/offline.html");
-const ICON_192: &[u8] = include_bytes!("../../assets/icon-192.png");
-const ICON_512: &[u8] = include_bytes!("../../assets/icon-512.png");
+
+const JS: &str = "text/javascript; charset=utf-8";
+
+/// Everything under `/assets/`, by name: the bytes and the content type.
+static ASSETS: &[(&str, &[u8], &str)] = &[
+    ("app.js", include_bytes!("../../assets/app.js"), JS),
+    ("rooms.js", include_bytes!("../../assets/rooms.js"), JS),
+    ("auth.js", include_bytes!("../../assets/auth.js"), JS),
+    ("email.js", include_bytes!("../../assets/email.js"), JS),
+    ("time.js", include_bytes!("../../assets/time.js"), JS),
+    ("app.css", include_bytes!("../../assets/app.css"), "text/css; charset=utf-8"),
+    ("icon.svg", include_bytes!("../../assets/icon.svg"), "image/svg+xml"),
+    ("icon-192.png", include_bytes!("../../assets/icon-192.png"), "image/png"),
+    ("icon-512.png", include_bytes!("../../assets/icon-512.png"), "image/png"),
+];
 
 // ---- pages and assets ---------------------------------------------------------------
 
@@ -91,19 +94,10 @@ pub(super) async fn setup_page() -> Response {
 }
 
 pub(super) async fn asset(Path(file): Path<String>) -> Response {
-    let (body, kind): (&'static [u8], _) = match file.as_str() {
-        "app.js" => (APP_JS.as_bytes(), "text/javascript; charset=utf-8"),
-        "rooms.js" => (ROOMS_JS.as_bytes(), "text/javascript; charset=utf-8"),
-        "auth.js" => (AUTH_JS.as_bytes(), "text/javascript; charset=utf-8"),
-        "email.js" => (EMAIL_JS.as_bytes(), "text/javascript; charset=utf-8"),
-        "time.js" => (TIME_JS.as_bytes(), "text/javascript; charset=utf-8"),
-        "app.css" => (APP_CSS.as_bytes(), "text/css; charset=utf-8"),
-        "icon.svg" => (ICON.as_bytes(), "image/svg+xml"),
-        "icon-192.png" => (ICON_192, "image/png"),
-        "icon-512.png" => (ICON_512, "image/png"),
-        _ => return StatusCode::NOT_FOUND.into_response(),
-    };
-    static_file(body, kind)
+    match ASSETS.iter().find(|(name, _, _)| *name == file) {
+        Some((_, body, kind)) => static_file(body, kind),
+        None => StatusCode::NOT_FOUND.into_response(),
+    }
 }
 
 fn static_file(body: &'static [u8], kind: &'static str) -> Response {
@@ -119,12 +113,15 @@ fn static_file(body: &'static [u8], kind: &'static str) -> Response {
 
 /// The web app manifest: what a phone installs.
 pub(super) async fn manifest() -> Response {
-    static_file(MANIFEST.as_bytes(), "application/manifest+json")
+    static_file(
+        include_bytes!("../../assets/manifest.webmanifest"),
+        "application/manifest+json",
+    )
 }
 
 /// The service worker, at the root so that its scope is the whole dashboard.
 pub(super) async fn service_worker() -> Response {
-    static_file(SERVICE_WORKER.as_bytes(), "text/javascript; charset=utf-8")
+    static_file(include_bytes!("../../assets/sw.js"), JS)
 }
 
 /// What the installed app shows when the server is out of reach (the service worker
