@@ -12,6 +12,7 @@ use countersign_server::notify::slack::{self, SlackConfig};
 use countersign_server::notify::smtp::{self, Security, SmtpUrl};
 use countersign_server::notify::{
     self, EVENT_TYPES, EmailConfig, NotifyConfig, ReminderConfig, Route, WebhookConfig,
+    WebhookFormat,
 };
 
 use super::env::Env;
@@ -63,9 +64,25 @@ fn webhooks(sections: Vec<WebhookSection>) -> anyhow::Result<Vec<WebhookConfig>>
                 );
             }
         }
+        let format = match w.format.as_deref() {
+            None | Some("standard") => WebhookFormat::Standard,
+            Some("looppause") => WebhookFormat::LoopPause,
+            Some(other) => {
+                bail!("{what}: unknown format {other:?}; formats are standard and looppause")
+            }
+        };
         let secret = secret(&what, w.secret, w.secret_file)?;
-        countersign_server::notify::webhook::key(&secret)
-            .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        match format {
+            WebhookFormat::Standard => {
+                countersign_server::notify::webhook::key(&secret)
+                    .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+            }
+            // LoopPause's secret is used as it is; it must not be empty.
+            WebhookFormat::LoopPause if secret.trim().is_empty() => {
+                bail!("{what}: the secret is empty")
+            }
+            WebhookFormat::LoopPause => {}
+        }
         if out.iter().any(|x| x.name == w.name) {
             bail!("{what} is configured twice");
         }
@@ -74,6 +91,7 @@ fn webhooks(sections: Vec<WebhookSection>) -> anyhow::Result<Vec<WebhookConfig>>
             url: w.url,
             secret,
             events: w.events,
+            format,
         });
     }
     Ok(out)
