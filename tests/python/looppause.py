@@ -247,6 +247,16 @@ def check_signing_key(ctx: Context, proof: dict[str, Any]) -> None:
     key.verify(base64.b64decode(envelope["signatures"][0]["sig"]), verify_proof.pae(envelope["payloadType"], body))
     raw = verify_proof.b64url_nopad_decode(proof["response"]["signature"].removeprefix("ed25519="), "signature")
     key.verify(raw, verify_proof.pae(envelope["payloadType"], body))
+    # The SDK's verify_looppause_proof with the key pinned as the seed shows.
+    try:
+        from countersign_verify import verify_looppause_proof
+    except ImportError:  # the SDK is not installed in this environment
+        return
+    answer = verify_looppause_proof(proof, public_key=doc["public_key"])
+    check(answer["valid"] is True, f"verify_looppause_proof on a live result: {answer}")
+    edited = copy.deepcopy(proof)
+    edited["response"]["comment"] = "edited"
+    check(verify_looppause_proof(edited, public_key=doc["public_key"])["valid"] is False, "an edited live result verified")
 
 
 class Receiver:
