@@ -294,6 +294,33 @@ mod tests {
     }
 
     #[test]
+    fn a_webhook_is_standard_unless_its_format_says_looppause() {
+        use countersign_server::notify::WebhookFormat;
+        let file = ConfigFile::new();
+        let hook = |secret: &str, extra: &str| {
+            format!(
+                "[[webhooks]]\nname = \"lp\"\nurl = \"https://hooks.example.com/in\"\nsecret = \"{secret}\"\n{extra}"
+            )
+        };
+        let standard = file
+            .resolve(&hook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", ""))
+            .unwrap();
+        assert_eq!(standard.notify.webhooks[0].format, WebhookFormat::Standard);
+        // LoopPause's secret is any string, used as it is; a standard one must be whsec_.
+        let lp = file
+            .resolve(&hook("lp secret!", "format = \"looppause\"\n"))
+            .unwrap();
+        assert_eq!(lp.notify.webhooks[0].format, WebhookFormat::LoopPause);
+        assert_eq!(lp.notify.webhooks[0].secret, "lp secret!");
+        file.resolve(&hook("lp secret!", "")).unwrap_err();
+        let err = file
+            .resolve(&hook("x", "format = \"svix\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("standard and looppause"), "{err}");
+    }
+
+    #[test]
     fn slack_and_email_secrets_come_from_the_file_a_file_or_the_environment() {
         let file = ConfigFile::new();
         let tmp = &file.dir;
