@@ -163,3 +163,30 @@ export declare function redeemProof(
   action: Action,
   options?: { timeoutMs?: number },
 ): Promise<RedeemResult>;
+
+export declare const LOOPPAUSE_KEY_PATH: string;
+export declare const LOOPPAUSE_FAILED_WARNING: string;
+
+export interface LoopPauseVerifyResult {
+  valid: boolean;
+  verified_at: string;
+  key_id: string | null;
+  /** Set when not valid, or when the action was not checked. */
+  warning: string | null;
+  bound: boolean;
+  reasons: { code: string; message: string }[];
+  statement: Record<string, unknown> | null;
+}
+
+/** LoopPause's verifier over countersign's proofs: the whole check_approval result or its proof. */
+export declare function verifyLoopPauseProof(
+  proof: unknown,
+  options?: {
+    publicKey?: string;
+    jwks?: unknown;
+    serverUrl?: string;
+    action?: { description: string; details?: Record<string, string> };
+    now?: Date | number | string;
+    timeoutMs?: number;
+  },
+): Promise<LoopPauseVerifyResult>;

@@ -478,3 +478,118 @@ export async function redeemProof(serverUrl, token, proof, action, { timeoutMs =
     message: body?.error?.message ?? text.slice(0, 500),
   };
 }
+
+// --- LoopPause compatibility ------------------------------------------------------------
+
+/** Where countersign serves its keys in LoopPause's shape (base64 SPKI DER per key). */
+export const LOOPPAUSE_KEY_PATH = "/.well-known/looppause-signing-key.json";
+export const LOOPPAUSE_FAILED_WARNING = "Proof verification FAILED. Do NOT execute the action.";
+
+const LP_AUTHORIZATION = { human: "human", policy: "policy", grant: "grant", fallback: "system_fallback" };
+
+/** A JWKS holding the Ed25519 key given as base64 SPKI DER (LoopPause's pinned form). */
+function jwksOfSpki(publicKey) {
+  let key;
+  try {
+    key = createPublicKey({ key: Buffer.from(String(publicKey), "base64"), format: "der", type: "spki" });
+  } catch (e) {
+    throw new JwksError(`publicKey is not a base64 SPKI DER key: ${e.message}`);
+  }
+  if (key.asymmetricKeyType !== "ed25519") throw new JwksError(`publicKey is ${key.asymmetricKeyType}, not Ed25519`);
+  const { x } = key.export({ format: "jwk" });
+  const jwk = { kty: "OKP", crv: "Ed25519", x };
+  jwk.kid = jwkThumbprint(jwk);
+  return { keys: [jwk] };
+}
+
+/** The fields a check_approval result shows that differ from its signed statement. */
+function loopPauseMismatches(result, envelope, statement) {
+  const bad = [];
+  const same = (a, b) => JSON.stringify(canonicalOrNull(a)) === JSON.stringify(canonicalOrNull(b));
+  const check = (name, shown, signed) => {
+    if (shown !== undefined && !same(shown, signed)) bad.push(name);
+  };
+  check("pause_id", result.pause_id, statement.request_id);
+  check("action_digest", result.action_digest, statement.action_digest);
+  check("status", result.status, "responded");
+  const r = result.response;
+  if (r !== undefined) {
+    if (r === null || typeof r !== "object") return ["response"];
+    const sig = envelope.signatures?.[0];
+    check("response.decision", r.decision, statement.decision);
+    check("response.comment", r.comment, statement.comment ?? null);
+    check("response.fields", r.fields, statement.fields);
+    check("response.authorization_type", r.authorization_type, LP_AUTHORIZATION[statement.authorization_type] ?? statement.authorization_type);
+    check("response.nonce", r.nonce, statement.nonce);
+    check("response.signing_key_id", r.signing_key_id, sig?.keyid);
+    if (r.signature !== undefined) {
+      const raw = decodeStdBase64(sig?.sig ?? "");
+      const expected = raw ? `ed25519=${raw.toString("base64url")}` : null;
+      if (r.signature !== expected) bad.push("response.signature");
+    }
+    if (r.responded_at !== undefined && parseUtc(r.responded_at) !== parseUtc(statement.decided_at)) bad.push("response.responded_at");
+    if (r.valid_until !== undefined && parseUtc(r.valid_until) !== parseUtc(statement.valid_until)) bad.push("response.valid_until");
+  }
+  return bad;
+}
+
+function canonicalOrNull(v) {
+  return v === undefined ? null : JSON.parse(canonicalJson(v));
+}
+
+/**
+ * LoopPause's verifier, for countersign's LoopPause profile: takes the whole
+ * check_approval result (or its `proof`), verifies the DSSE/Ed25519 proof inside with
+ * countersign's rules, and checks that every decision field the result shows is the
+ * signed one (an edited result is never valid). Resolves to LoopPause's answer,
+ * `{valid, key_id, verified_at, warning}`, with countersign's `reasons`, `bound` and
+ * `statement` beside it.
+ *
+ * Keys: `publicKey` (base64 SPKI DER, pinned, as LoopPause's offline form), or `jwks`,
+ * or fetched from `serverUrl` (default: the LOOPPAUSE_API_URL environment variable).
+ *
+ * @param options.action {description, details}: bind the check to the action about to run
+ * @param options.now the time to check expiry at
+ */
+export async function verifyLoopPauseProof(proof, options = {}) {
+  const { publicKey, action, now, timeoutMs } = options;
+  let { jwks } = options;
+  const verifiedAt = new Date(nowMs(now)).toISOString();
+  let whole = proof;
+  if (typeof whole === "string") {
+    try {
+      whole = JSON.parse(whole);
+    } catch {
+      whole = null;
+    }
+  }
+  if (publicKey !== undefined && publicKey !== null) jwks = jwksOfSpki(publicKey);
+  if (jwks === undefined || jwks === null) {
+    const serverUrl = options.serverUrl ?? process.env.LOOPPAUSE_API_URL;
+    if (!serverUrl) throw new TypeError("verifyLoopPauseProof needs options.publicKey, options.jwks or options.serverUrl (or LOOPPAUSE_API_URL)");
+    jwks = await fetchJwks(serverUrl, { timeoutMs });
+  }
+  const hasResult = whole !== null && typeof whole === "object" && !("payloadType" in whole);
+  const pending = hasResult && !(whole.proof && typeof whole.proof === "object");
+  const r = pending
+    ? { valid: false, bound: false, keyId: null, reasons: [{ code: "malformed_envelope", message: `no proof here: the status is ${JSON.stringify(whole.status ?? null)}, not responded` }], warning: null, statement: null }
+    : verifyProof(whole, { jwks, action, now });
+  if (hasResult && !pending && r.statement) {
+    const bad = loopPauseMismatches(whole, whole.proof, r.statement);
+    if (bad.length) {
+      r.reasons.push({ code: "result_mismatch", message: `the result's ${bad.join(", ")} differ from the signed proof: it was altered` });
+      r.valid = false;
+    }
+  }
+  const valid = r.valid && r.reasons.length === 0;
+  const envelope = hasResult ? whole.proof : whole;
+  return {
+    valid,
+    verified_at: verifiedAt,
+    key_id: r.keyId ?? envelope?.signatures?.[0]?.keyid ?? null,
+    warning: valid ? r.warning : `${LOOPPAUSE_FAILED_WARNING} (${r.reasons.map((x) => x.message).join("; ")})`,
+    bound: r.bound,
+    reasons: r.reasons,
+    statement: r.statement ?? null,
+  };
+}

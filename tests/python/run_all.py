@@ -23,6 +23,10 @@ create`), starts `countersign serve --listen 127.0.0.1:0`, and runs:
   upstreams (stdio, Streamable HTTP, the npm filesystem server), called over HTTP by the
   official client with several agent tokens, kill -9 of serve while held and forwarding,
   and `proxy --server` against that second serve;
+- the LoopPause profile (looppause.py): the seed's example calls and flows with the
+  official client over `/mcp/profile/looppause` and `countersign mcp --profile looppause`
+  (local, and relayed with LOOPPAUSE_API_URL / LOOPPAUSE_API_KEY), the seed's key path,
+  and `sha256=` HMAC webhooks checked by webhook_receiver.py --format looppause;
 - verify_log: an independent verifier of the transparency log and evidence bundles,
   written from docs/log-format.md (Merkle self-check against RFC 9162 vectors; every entry,
   inclusion and consistency proof and checkpoint of the live log; bundles, full mode and a
@@ -45,6 +49,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import gateway  # noqa: E402
+import looppause  # noqa: E402
 import served_gateway  # noqa: E402
 import mcp_clients  # noqa: E402
 import verify_log  # noqa: E402
@@ -122,6 +127,8 @@ def main() -> int:
                 ("policy and fallback proofs (independent verifier)", lambda: mcp_clients.test_policy_proofs(ctx, results)),
                 ("MCP gateway in front of an upstream made with the official SDK", lambda: gateway.test_gateway(ctx, results)),
                 ("MCP gateway run by serve ([[gateway]], /mcp/gateway/<name>)", lambda: served_gateway.test_served_gateway(ctx, results)),
+                ("LoopPause profile: the seed's flows over HTTP and LOOPPAUSE_* relay, its key path and sha256= webhooks", lambda: looppause.test_looppause(binary, scratch, results)),
+                ("LoopPause profile over local stdio", lambda: looppause.test_local_stdio(binary, scratch, results)),
             ]
         )
         results.run("the whole log after every test (independent verifier)", lambda: verify_log.test_whole_log_at_the_end(ctx, results))

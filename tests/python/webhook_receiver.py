@@ -32,9 +32,14 @@ Options:
   --hang-first N       hold the first N taken deliveries of each webhook-id for
                        --hang-seconds (default 30) before answering, as a slow receiver
   --log FILE           also append the records to FILE
+  --format looppause   check LoopPause's HMAC webhooks instead (`format = "looppause"`):
+                       `X-LoopPause-Signature: sha256=<hex HMAC-SHA256(secret, body)>`,
+                       the secret's bytes as they are, checked with Python's hmac
 """
 
 import argparse
+import hashlib
+import hmac
 import json
 import sys
 import threading
@@ -48,10 +53,26 @@ except ImportError as err:  # the Rust test checks for this first and says so
     sys.exit(3)
 
 
+class LoopPauseHmac:
+    """LoopPause's legacy HMAC webhooks, written from its page: `sha256=` + hex
+    HMAC-SHA256 of the raw body, keyed by LOOPPAUSE_SIGNING_SECRET."""
+
+    def __init__(self, secret):
+        self.key = secret.encode("utf-8")
+
+    def verify(self, body, headers):
+        given = headers.get("x-looppause-signature")
+        if not given:
+            raise KeyError("no X-LoopPause-Signature header")
+        expected = "sha256=" + hmac.new(self.key, body, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(given, expected):
+            raise ValueError(f"X-LoopPause-Signature {given} is not {expected}")
+
+
 class State:
     def __init__(self, args):
         self.args = args
-        self.webhook = Webhook(args.secret)
+        self.webhook = LoopPauseHmac(args.secret) if args.format == "looppause" else Webhook(args.secret)
         self.lock = threading.Lock()
         self.attempts = {}  # webhook-id -> deliveries received
         self.taken = set()  # webhook-ids processed once
@@ -137,6 +158,7 @@ def main():
     parser.add_argument("--hang-seconds", type=float, default=30.0)
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--log")
+    parser.add_argument("--format", choices=["standard", "looppause"], default="standard")
     args = parser.parse_args()
     state = State(args)
     server = ThreadingHTTPServer(("127.0.0.1", args.port), make_handler(state))

@@ -64,6 +64,7 @@ pub fn notify_config(webhook_url: &str, secret: &str, lease_seconds: u64) -> Not
             url: webhook_url.into(),
             secret: secret.into(),
             events: Vec::new(),
+            format: Default::default(),
         }],
         lease_seconds: match lease_seconds {
             0 => countersign_server::notify::DEFAULT_LEASE_SECONDS,

@@ -79,6 +79,18 @@ impl Remote {
                 "--agent-name is for a local data directory; with --server the token names the agent"
             );
         }
+        let file = args.token_file.as_ref().context(
+            "--server needs a token: --token-file FILE (or COUNTERSIGN_TOKEN_FILE), a file that holds it",
+        )?;
+        let token = read_token_file(file)?;
+        Self::with_token(server, token).map(Some)
+    }
+
+    /// The server at `server`, asked with `token` (checked like a token file's).
+    pub fn with_token(server: &str, token: String) -> anyhow::Result<Self> {
+        if token.is_empty() || token.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            anyhow::bail!("the token must be one token and nothing else");
+        }
         let mut base = reqwest::Url::parse(server)
             .with_context(|| format!("--server {server:?} is not a URL"))?;
         if !matches!(base.scheme(), "http" | "https") || base.host().is_none() {
@@ -88,16 +100,12 @@ impl Remote {
             let path = format!("{}/", base.path());
             base.set_path(&path);
         }
-        let file = args.token_file.as_ref().context(
-            "--server needs a token: --token-file FILE (or COUNTERSIGN_TOKEN_FILE), a file that holds it",
-        )?;
-        let token = read_token_file(file)?;
         let http = reqwest::Client::builder()
             .connect_timeout(Duration::from_secs(10))
             .user_agent(concat!("countersign/", env!("CARGO_PKG_VERSION")))
             .build()
             .context("could not build the HTTP client")?;
-        Ok(Some(Self { base, token, http }))
+        Ok(Self { base, token, http })
     }
 
     /// The server, for logs (never the token).

@@ -51,6 +51,7 @@ use crate::gate::Gate;
 use crate::mcp::approval_gate::{self, ApprovalGateService};
 use crate::mcp::chatroom;
 use crate::mcp::gateway::GatewayService;
+use crate::mcp::looppause::{self, LoopPauseService};
 use crate::mcp::{Identity, McpService};
 use crate::notify::NotifyConfig;
 use crate::operate::Operations;
@@ -282,9 +283,16 @@ pub fn router_with(
         Arc::new(NeverSessionManager::default()),
         mcp_config.clone(),
     );
+    let looppause_service = LoopPauseService::new(gate.clone(), Identity::PerRequest);
+    let looppause = StreamableHttpService::new(
+        move || Ok(looppause_service.clone()),
+        Arc::new(NeverSessionManager::default()),
+        mcp_config.clone(),
+    );
     let profiles = Router::new()
         .nest_service(&format!("/mcp/profile/{}", approval_gate::PROFILE), profile)
         .nest_service(&format!("/mcp/profile/{}", chatroom::PROFILE), chatroom)
+        .nest_service(&format!("/mcp/profile/{}", looppause::PROFILE), looppause)
         .route("/mcp/profile/{name}", any(no_profile))
         .route("/mcp/profile/{name}/{*rest}", any(no_profile));
     let token_surface = Router::new()
@@ -307,6 +315,10 @@ pub fn router_with(
     Router::new()
         .route("/healthz", get(rest::healthz))
         .route("/.well-known/jwks.json", get(rest::jwks))
+        .route(
+            "/.well-known/looppause-signing-key.json",
+            get(rest::looppause_signing_key),
+        )
         .merge(token_surface)
         .merge(dashboard)
         .route_layer(from_fn(metrics::mark_route))
@@ -481,10 +493,11 @@ async fn no_profile(uri: http::Uri) -> Response {
         http::StatusCode::NOT_FOUND,
         "not_found",
         format!(
-            "no MCP profile at {}: the profiles are /mcp/profile/{} and /mcp/profile/{}",
+            "no MCP profile at {}: the profiles are /mcp/profile/{}, /mcp/profile/{} and /mcp/profile/{}",
             uri.path(),
             approval_gate::PROFILE,
-            chatroom::PROFILE
+            chatroom::PROFILE,
+            looppause::PROFILE
         ),
     )
 }

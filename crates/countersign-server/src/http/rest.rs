@@ -98,6 +98,21 @@ pub(super) async fn jwks(State(state): State<AppState>) -> Result<Response, ApiE
         .into_response())
 }
 
+/// `/.well-known/looppause-signing-key.json`: the same keys in LoopPause's shape (the
+/// LoopPause profile, docs/migrating.md).
+pub(super) async fn looppause_signing_key(
+    State(state): State<AppState>,
+) -> Result<Response, ApiError> {
+    let _ = state.gate.keys().reload();
+    let jwks = state.gate.jwks().await?;
+    let current = state.gate.keys().signer().kid().to_string();
+    Ok((
+        [(http::header::CACHE_CONTROL, "public, max-age=300")],
+        Json(crate::mcp::looppause::signing_key_document(&jwks, &current)),
+    )
+        .into_response())
+}
+
 pub(super) async fn create_request(
     Caller { gate, who, .. }: Caller,
     ApiJson(input): ApiJson<RequestApprovalInput>,

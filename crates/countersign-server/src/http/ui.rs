@@ -48,10 +48,26 @@ static ASSETS: &[(&str, &[u8], &str)] = &[
     ("auth.js", include_bytes!("../../assets/auth.js"), JS),
     ("email.js", include_bytes!("../../assets/email.js"), JS),
     ("time.js", include_bytes!("../../assets/time.js"), JS),
-    ("app.css", include_bytes!("../../assets/app.css"), "text/css; charset=utf-8"),
-    ("icon.svg", include_bytes!("../../assets/icon.svg"), "image/svg+xml"),
-    ("icon-192.png", include_bytes!("../../assets/icon-192.png"), "image/png"),
-    ("icon-512.png", include_bytes!("../../assets/icon-512.png"), "image/png"),
+    (
+        "app.css",
+        include_bytes!("../../assets/app.css"),
+        "text/css; charset=utf-8",
+    ),
+    (
+        "icon.svg",
+        include_bytes!("../../assets/icon.svg"),
+        "image/svg+xml",
+    ),
+    (
+        "icon-192.png",
+        include_bytes!("../../assets/icon-192.png"),
+        "image/png",
+    ),
+    (
+        "icon-512.png",
+        include_bytes!("../../assets/icon-512.png"),
+        "image/png",
+    ),
 ];
 
 // ---- pages and assets ---------------------------------------------------------------

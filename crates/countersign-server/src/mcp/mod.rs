@@ -16,6 +16,7 @@ pub mod chatroom;
 pub use operate::TOOL_NAMES as APPROVAL_GATE_TOOLS;
 mod evidence;
 pub mod gateway;
+pub mod looppause;
 mod operate;
 mod operator;
 mod proofs;

@@ -94,6 +94,20 @@ impl std::str::FromStr for Route {
     }
 }
 
+/// How a webhook endpoint's messages are signed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WebhookFormat {
+    /// Standard Webhooks: `webhook-id`, `webhook-timestamp`, `webhook-signature: v1,...`
+    /// keyed by the `whsec_` secret.
+    #[default]
+    Standard,
+    /// LoopPause's HMAC webhooks: `X-LoopPause-Signature: sha256=<hex of
+    /// HMAC-SHA256(secret, body)>`, keyed by the secret's bytes as they are (LoopPause's
+    /// LOOPPAUSE_SIGNING_SECRET), instead of `webhook-signature`; `webhook-id` and
+    /// `webhook-timestamp` are sent as well.
+    LoopPause,
+}
+
 /// One outbound webhook endpoint (Standard Webhooks).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WebhookConfig {
@@ -104,6 +118,8 @@ pub struct WebhookConfig {
     pub secret: String,
     /// Event types to send (e.g. `request.created`); empty means all.
     pub events: Vec<String>,
+    /// How messages are signed (`format` in `[[webhooks]]`).
+    pub format: WebhookFormat,
 }
 
 /// Re-notify a pending request after a quiet period, then escalate.

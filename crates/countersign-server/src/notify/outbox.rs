@@ -277,8 +277,7 @@ impl Notifier {
                 };
                 webhook::send(
                     &self.out.http,
-                    &config.url,
-                    &config.secret,
+                    config,
                     &delivery.message_id,
                     self.now(),
                     body.as_bytes(),

@@ -8,7 +8,7 @@ use countersign_core::Timestamp;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::SendResult;
+use super::{SendResult, WebhookConfig, WebhookFormat};
 
 /// Decodes a `whsec_...` secret into its key.
 pub fn key(secret: &str) -> Result<Vec<u8>, String> {
@@ -61,23 +61,46 @@ pub fn is_plain_http_off_machine(url: &str) -> bool {
     }
 }
 
+/// The header LoopPause's HMAC signature travels in (`format = "looppause"`).
+pub const LOOPPAUSE_HEADER: &str = "x-looppause-signature";
+
+/// LoopPause's signature of a body: `sha256=` + hex HMAC-SHA256 keyed by the secret's
+/// bytes as they are.
+pub fn looppause_signature(secret: &str, body: &[u8]) -> Result<String, String> {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret.as_bytes())
+        .map_err(|e| format!("bad webhook key: {e}"))?;
+    mac.update(body);
+    Ok(format!(
+        "sha256={}",
+        hex::encode(mac.finalize().into_bytes())
+    ))
+}
+
 /// Posts one message; any 2xx is success. Errors name the URL redacted.
 pub async fn send(
     http: &reqwest::Client,
-    url: &str,
-    secret: &str,
+    config: &WebhookConfig,
     id: &str,
     now: Timestamp,
     body: &[u8],
 ) -> SendResult {
+    let url = config.url.as_str();
     let timestamp = now.millis() / 1000;
-    let signature = signature(secret, id, timestamp, body)?;
-    let response = http
+    let mut request = http
         .post(url)
         .header("content-type", "application/json")
         .header("webhook-id", id)
-        .header("webhook-timestamp", timestamp.to_string())
-        .header("webhook-signature", signature)
+        .header("webhook-timestamp", timestamp.to_string());
+    request = match config.format {
+        WebhookFormat::Standard => request.header(
+            "webhook-signature",
+            signature(&config.secret, id, timestamp, body)?,
+        ),
+        WebhookFormat::LoopPause => {
+            request.header(LOOPPAUSE_HEADER, looppause_signature(&config.secret, body)?)
+        }
+    };
+    let response = request
         .body(body.to_vec())
         .send()
         .await
@@ -123,5 +146,14 @@ mod tests {
             "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
         );
         assert!(signature("whsec_!!!", id, 1, body).is_err());
+    }
+
+    #[test]
+    fn looppause_signature_is_hex_hmac_sha256_of_the_body() {
+        // RFC 4231 test case 2: key "Jefe", data "what do ya want for nothing?".
+        assert_eq!(
+            looppause_signature("Jefe", b"what do ya want for nothing?").unwrap(),
+            "sha256=5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843"
+        );
     }
 }

@@ -156,6 +156,7 @@ async fn webhook_secrets_in_urls_stay_out_of_the_history() {
             url: format!("http://hook:pa55word@127.0.0.1:{closed}/in?token=s3cret"),
             secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
             events: vec![],
+            format: Default::default(),
         }],
         ..NotifyConfig::default()
     };

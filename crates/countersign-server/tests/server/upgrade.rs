@@ -57,6 +57,7 @@ fn channels(public_url: &str) -> NotifyConfig {
             url: "http://127.0.0.1:9/hook".into(),
             secret: "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".into(),
             events: Vec::new(),
+            format: Default::default(),
         }],
         slack: Some(SlackConfig {
             bot_token: "xoxb-fixture".into(),

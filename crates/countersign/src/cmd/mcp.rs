@@ -6,6 +6,7 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::{Args, ValueEnum};
 use countersign_server::mcp::approval_gate::{self, ApprovalGateService};
+use countersign_server::mcp::looppause::{self, LoopPauseService};
 use countersign_server::operate::Operations;
 use countersign_server::{Identity, McpService};
 use rmcp::ServiceExt;
@@ -26,7 +27,10 @@ pub struct McpArgs {
     /// operator's tools of approval-gate-mcp over the configured bridges
     /// (docs/bridge.md; they need an approver's token: --token-file FILE, with or
     /// without --server); `chatroom`, the agent chatroom's tools, with a blocking
-    /// request_approval (docs/rooms.md).
+    /// request_approval (docs/rooms.md); `looppause`, LoopPause's request_approval,
+    /// check_approval and verify_proof (docs/migrating.md): as the local agent, as
+    /// --token-file's token, or relayed to --server's /mcp/profile/looppause;
+    /// LOOPPAUSE_API_URL and LOOPPAUSE_API_KEY stand for --server and the token.
     #[arg(long, value_enum, value_name = "PROFILE")]
     pub profile: Option<Profile>,
 }
@@ -35,6 +39,7 @@ pub struct McpArgs {
 pub enum Profile {
     ApprovalGate,
     Chatroom,
+    Looppause,
 }
 
 /// Serves the agent tools over stdin/stdout as the local agent. Operator tools are never
@@ -44,6 +49,9 @@ pub enum Profile {
 pub async fn run(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCode> {
     if args.profile == Some(Profile::ApprovalGate) {
         return approval_gate(config, args).await;
+    }
+    if args.profile == Some(Profile::Looppause) {
+        return looppause_profile(config, args).await;
     }
     let chatroom = args.profile == Some(Profile::Chatroom);
     if let Some(remote) = Remote::from_args(&args.remote, args.agent_name.as_deref())? {
@@ -134,6 +142,69 @@ async fn approval_gate(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCo
             Err(err) => tracing::warn!(%err, "could not sweep the operations"),
         }
         service.with_operations(ops)
+    };
+    let running = service
+        .serve(rmcp::transport::stdio())
+        .await
+        .context("the MCP client did not complete the handshake")?;
+    running.waiting().await.context("the MCP session failed")?;
+    shutdown.cancel();
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `--profile looppause`: LoopPause's tools. The caller is `--server`'s token's agent
+/// (relayed to `/mcp/profile/looppause`), `--token-file`'s token checked against the
+/// local data directory at every call, or the local agent. LoopPause's own variables
+/// stand in where countersign's are not given: LOOPPAUSE_API_URL for `--server` and
+/// LOOPPAUSE_API_KEY for the token (it must be a countersign agent token; a LoopPause
+/// `sk_live_` key is refused by the server like any unknown token).
+async fn looppause_profile(config: &Config, args: &McpArgs) -> anyhow::Result<ExitCode> {
+    let path = format!("mcp/profile/{}", looppause::PROFILE);
+    let env = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let server = args
+        .remote
+        .server
+        .clone()
+        .or_else(|| env("LOOPPAUSE_API_URL"));
+    let key = match &args.remote.token_file {
+        Some(file) => Some(crate::remote::read_token_file(file)?),
+        None => env("LOOPPAUSE_API_KEY").map(|k| k.trim().to_string()),
+    };
+    if let Some(server) = server {
+        let Some(token) = key else {
+            anyhow::bail!(
+                "--server (or LOOPPAUSE_API_URL) needs a token: --token-file FILE or LOOPPAUSE_API_KEY"
+            );
+        };
+        let remote = Remote::with_token(&server, token)?;
+        tracing::info!(server = %remote.describe(), "relaying the looppause profile over stdio");
+        crate::remote::relay(remote, &path).await?;
+        return Ok(ExitCode::SUCCESS);
+    }
+    let (gate, agent, shutdown) =
+        runtime::open_agent(config, args.agent_name.as_deref(), true).await?;
+    let service = match key {
+        Some(token) => {
+            if args.agent_name.is_some() {
+                anyhow::bail!(
+                    "give --agent-name or a token (--token-file, LOOPPAUSE_API_KEY), not both: the token names the caller"
+                );
+            }
+            let who = gate
+                .authenticate(&token)
+                .await
+                .map_err(|e| anyhow::anyhow!("the token: {}", e.public_message()))?;
+            tracing::info!(caller = %who.id, "serving the looppause profile over stdio");
+            LoopPauseService::with_token(gate, token)
+        }
+        None => {
+            tracing::info!(agent = %agent.id, "serving the looppause profile over stdio");
+            tokio::spawn(warn_if_nobody_notifies(
+                config.clone(),
+                gate.keys().signer().kid().to_string(),
+            ));
+            LoopPauseService::new(gate, Identity::Fixed(agent))
+        }
     };
     let running = service
         .serve(rmcp::transport::stdio())

@@ -12,6 +12,7 @@ use countersign_server::notify::slack::{self, SlackConfig};
 use countersign_server::notify::smtp::{self, Security, SmtpUrl};
 use countersign_server::notify::{
     self, EVENT_TYPES, EmailConfig, NotifyConfig, ReminderConfig, Route, WebhookConfig,
+    WebhookFormat,
 };
 
 use super::env::Env;
@@ -63,9 +64,25 @@ fn webhooks(sections: Vec<WebhookSection>) -> anyhow::Result<Vec<WebhookConfig>>
                 );
             }
         }
+        let format = match w.format.as_deref() {
+            None | Some("standard") => WebhookFormat::Standard,
+            Some("looppause") => WebhookFormat::LoopPause,
+            Some(other) => {
+                bail!("{what}: unknown format {other:?}; formats are standard and looppause")
+            }
+        };
         let secret = secret(&what, w.secret, w.secret_file)?;
-        countersign_server::notify::webhook::key(&secret)
-            .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+        match format {
+            WebhookFormat::Standard => {
+                countersign_server::notify::webhook::key(&secret)
+                    .map_err(|e| anyhow::anyhow!("{what}: {e}"))?;
+            }
+            // LoopPause's secret is used as it is; it must not be empty.
+            WebhookFormat::LoopPause if secret.trim().is_empty() => {
+                bail!("{what}: the secret is empty")
+            }
+            WebhookFormat::LoopPause => {}
+        }
         if out.iter().any(|x| x.name == w.name) {
             bail!("{what} is configured twice");
         }
@@ -74,6 +91,7 @@ fn webhooks(sections: Vec<WebhookSection>) -> anyhow::Result<Vec<WebhookConfig>>
             url: w.url,
             secret,
             events: w.events,
+            format,
         });
     }
     Ok(out)
@@ -273,6 +291,33 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(!err.contains("pw@"), "{err}");
+    }
+
+    #[test]
+    fn a_webhook_is_standard_unless_its_format_says_looppause() {
+        use countersign_server::notify::WebhookFormat;
+        let file = ConfigFile::new();
+        let hook = |secret: &str, extra: &str| {
+            format!(
+                "[[webhooks]]\nname = \"lp\"\nurl = \"https://hooks.example.com/in\"\nsecret = \"{secret}\"\n{extra}"
+            )
+        };
+        let standard = file
+            .resolve(&hook("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw", ""))
+            .unwrap();
+        assert_eq!(standard.notify.webhooks[0].format, WebhookFormat::Standard);
+        // LoopPause's secret is any string, used as it is; a standard one must be whsec_.
+        let lp = file
+            .resolve(&hook("lp secret!", "format = \"looppause\"\n"))
+            .unwrap();
+        assert_eq!(lp.notify.webhooks[0].format, WebhookFormat::LoopPause);
+        assert_eq!(lp.notify.webhooks[0].secret, "lp secret!");
+        file.resolve(&hook("lp secret!", "")).unwrap_err();
+        let err = file
+            .resolve(&hook("x", "format = \"svix\"\n"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("standard and looppause"), "{err}");
     }
 
     #[test]

@@ -190,6 +190,9 @@ pub struct WebhookSection {
     pub events: Vec<String>,
     /// Allows a plain `http://` URL to a host other than this machine.
     pub allow_plain_http: Option<bool>,
+    /// `standard` (the default, Standard Webhooks) or `looppause` (LoopPause's
+    /// `sha256=` HMAC header as well).
+    pub format: Option<String>,
 }
 
 #[derive(Debug, Default, Deserialize)]

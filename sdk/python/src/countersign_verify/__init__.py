@@ -51,6 +51,9 @@ __all__ = [
     "fetch_jwks",
     "JwksCache",
     "redeem_proof",
+    "LOOPPAUSE_KEY_PATH",
+    "LOOPPAUSE_FAILED_WARNING",
+    "verify_looppause_proof",
 ]
 
 PAYLOAD_TYPE = "application/vnd.countersign.decision+json"
@@ -567,3 +570,135 @@ def redeem_proof(
         message=error.get("message") or raw[:500].decode("utf-8", "replace"),
         body=body if isinstance(body, dict) else {},
     )
+
+
+# --- LoopPause compatibility ----------------------------------------------------------
+
+LOOPPAUSE_KEY_PATH = "/.well-known/looppause-signing-key.json"
+LOOPPAUSE_FAILED_WARNING = "Proof verification FAILED. Do NOT execute the action."
+_LP_AUTHORIZATION = {"human": "human", "policy": "policy", "grant": "grant", "fallback": "system_fallback"}
+
+
+def _jwks_of_spki(public_key: str) -> dict[str, Any]:
+    """A JWKS holding the Ed25519 key given as base64 SPKI DER (LoopPause's pinned form)."""
+    from cryptography.hazmat.primitives.serialization import load_der_public_key
+
+    try:
+        key = load_der_public_key(base64.b64decode(public_key, validate=True))
+    except (ValueError, binascii.Error, TypeError) as e:
+        raise JwksError(f"public_key is not a base64 SPKI DER key: {e}") from e
+    if not isinstance(key, Ed25519PublicKey):
+        raise JwksError("public_key is not an Ed25519 key")
+    x = base64.urlsafe_b64encode(key.public_bytes_raw()).rstrip(b"=").decode()
+    jwk = {"kty": "OKP", "crv": "Ed25519", "x": x}
+    jwk["kid"] = jwk_thumbprint(jwk)
+    return {"keys": [jwk]}
+
+
+def _lp_mismatches(result: Mapping[str, Any], envelope: Mapping[str, Any], st: Mapping[str, Any]) -> list[str]:
+    """The fields a check_approval result shows that differ from its signed statement."""
+    bad: list[str] = []
+    missing = object()
+
+    def check(name: str, shown: Any, signed: Any) -> None:
+        if shown is not missing and shown != signed:
+            bad.append(name)
+
+    check("pause_id", result.get("pause_id", missing), st.get("request_id"))
+    check("action_digest", result.get("action_digest", missing), st.get("action_digest"))
+    check("status", result.get("status", missing), "responded")
+    r = result.get("response", missing)
+    if r is missing:
+        return bad
+    if not isinstance(r, Mapping):
+        return bad + ["response"]
+    sigs = envelope.get("signatures") or [{}]
+    sig = sigs[0] if isinstance(sigs[0], Mapping) else {}
+    check("response.decision", r.get("decision", missing), st.get("decision"))
+    check("response.comment", r.get("comment", missing), st.get("comment"))
+    check("response.fields", r.get("fields", missing), st.get("fields"))
+    check(
+        "response.authorization_type",
+        r.get("authorization_type", missing),
+        _LP_AUTHORIZATION.get(st.get("authorization_type"), st.get("authorization_type")),
+    )
+    check("response.nonce", r.get("nonce", missing), st.get("nonce"))
+    check("response.signing_key_id", r.get("signing_key_id", missing), sig.get("keyid"))
+    if "signature" in r:
+        raw = _decode_std_b64(sig.get("sig", ""))
+        expected = "ed25519=" + base64.urlsafe_b64encode(raw).rstrip(b"=").decode() if raw else None
+        if r["signature"] != expected:
+            bad.append("response.signature")
+    for shown_name, signed_name in (("responded_at", "decided_at"), ("valid_until", "valid_until")):
+        if shown_name in r and _parse_utc(r[shown_name]) != _parse_utc(st.get(signed_name)):
+            bad.append(f"response.{shown_name}")
+    return bad
+
+
+def verify_looppause_proof(
+    proof: Any,
+    *,
+    public_key: str | None = None,
+    jwks: Any = None,
+    server_url: str | None = None,
+    action: Mapping[str, Any] | None = None,
+    now: datetime | float | str | None = None,
+    timeout: float = 10.0,
+) -> dict[str, Any]:
+    """LoopPause's verifier (verifyLoopPauseProof) for countersign's LoopPause profile.
+
+    Takes the whole check_approval result (or its ``proof``), verifies the DSSE/Ed25519
+    proof inside with countersign's rules, and checks that every decision field the
+    result shows is the signed one, so an edited result is never valid. Returns
+    LoopPause's answer ``{"valid", "key_id", "verified_at", "warning"}`` with
+    countersign's ``reasons``, ``bound`` and ``statement`` beside it.
+
+    Keys: `public_key` (base64 SPKI DER, pinned), or `jwks`, or fetched from
+    `server_url` (default: the LOOPPAUSE_API_URL environment variable).
+    """
+    import os
+
+    at = _as_time(now)
+    whole = proof
+    if isinstance(whole, (str, bytes)):
+        try:
+            whole = json.loads(whole)
+        except ValueError:
+            whole = None
+    if public_key is not None:
+        jwks = _jwks_of_spki(public_key)
+    if jwks is None:
+        url = server_url or os.environ.get("LOOPPAUSE_API_URL")
+        if not url:
+            raise TypeError("verify_looppause_proof needs public_key, jwks or server_url (or LOOPPAUSE_API_URL)")
+        jwks = fetch_jwks(url, timeout=timeout)
+    has_result = isinstance(whole, Mapping) and "payloadType" not in whole
+    pending = has_result and not isinstance(whole.get("proof"), Mapping)
+    if pending:
+        r = VerifyResult()
+        r.reasons.append(Reason("malformed_envelope", f"no proof here: the status is {whole.get('status')!r}, not responded"))
+    else:
+        r = verify_proof(whole, jwks, action, now=at)
+    if has_result and not pending and r.statement:
+        bad = _lp_mismatches(whole, whole["proof"], r.statement)
+        if bad:
+            r.reasons.append(
+                Reason("result_mismatch", f"the result's {', '.join(bad)} differ from the signed proof: it was altered")
+            )
+            r.valid = False
+    valid = r.valid and not r.reasons
+    envelope = whole.get("proof") if has_result else whole
+    key_id = r.key_id
+    if key_id is None and isinstance(envelope, Mapping):
+        sigs = envelope.get("signatures") or []
+        if sigs and isinstance(sigs[0], Mapping):
+            key_id = sigs[0].get("keyid")
+    return {
+        "valid": valid,
+        "verified_at": at.isoformat().replace("+00:00", "Z"),
+        "key_id": key_id,
+        "warning": r.warning if valid else f"{LOOPPAUSE_FAILED_WARNING} ({'; '.join(x.message for x in r.reasons)})",
+        "bound": r.bound,
+        "reasons": [{"code": x.code, "message": x.message} for x in r.reasons],
+        "statement": r.statement,
+    }
